@@ -1,0 +1,62 @@
+# tp-query: `make demo` and `make test` are the two commands of the README.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+GPU ?= h200
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test check lint typecheck collect validate report bench clean
+
+# A virtual environment with a CPU-only torch pinned first (a bare `torch` would pull a CUDA build).
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q -e '.[trace,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job: an example prediction on the shipped H200 database.
+demo: $(STAMP)
+	$(BIN)/tp-query predict examples/llama3.1-8b.json --gpu h200 --dp 2 --tp 4
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check schema collector engine tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy schema collector engine
+
+check: lint typecheck test
+
+# A profiling campaign on this machine's GPU (GPU=h200, GPU=h100, ...): resumable, chunked.
+# Works without a virtual environment too (a GPU box with torch, pyarrow, rich and nvidia-ml-py).
+NS := .ns
+$(NS)/tp_query:
+	mkdir -p $(NS)/tp_query
+	for d in schema engine collector; do ln -sfn $(CURDIR)/$$d $(NS)/tp_query/$$d; done
+
+SIGS := $(wildcard data/$(GPU)/campaigns/*.jsonl)
+collect: $(NS)/tp_query
+	PYTHONPATH=$(NS) $(PY) -m tp_query.collector collect --gpu $(GPU) --out data/$(GPU)/ops --grid \
+		$(if $(SIGS),--sigs $(SIGS)) --repeat-fraction 0.03 $(ARGS)
+
+# Real training iterations on this machine's GPU, then the op logs for the graph-fidelity test.
+validate: $(NS)/tp_query
+	PYTHONPATH=$(NS) $(PY) -m tp_query.collector validate --gpu $(GPU) $(ARGS)
+	PYTHONPATH=$(NS) $(PY) -m tp_query.collector oplog --out data/validation/oplog-$(GPU).parquet
+
+# CPU side: fit the host model on the calibration split, compare, write docs/validation.md.
+report: $(STAMP)
+	$(BIN)/tp-query report --gpu $(GPU)
+
+bench: $(STAMP)
+	$(BIN)/python tests/bench/bench_engine.py
+	$(BIN)/python tests/bench/bench_collector.py
+
+clean:
+	rm -rf $(VENV) $(NS) .pytest_cache .mypy_cache .ruff_cache

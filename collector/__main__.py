@@ -1,0 +1,147 @@
+"""Command line of the GPU side: `python -m tp_query.collector {collect,validate,oplog,probe}`.
+
+Runs with torch, nvidia-ml-py, pyarrow and rich only (no duckdb, no polars), so it works on a GPU
+machine without network. Errors the user can fix are one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from tp_query.schema.gpus import UnknownGpu, gpu_spec
+from tp_query.schema.precision import Precision
+
+from .device import Device, DeviceError
+from .store import StoreError
+
+
+def _collect(a: argparse.Namespace) -> int:
+    from .campaign import CampaignAbort, run_campaign
+    from .plan import GRID_ORDER, grid_points, repeat_sample, signature_points, summary
+    from .timing import Timer
+
+    spec = gpu_spec(a.gpu)
+    device = Device(cpu=a.gpu == "cpu")
+    device.check_matches(spec.name)
+    out = Path(a.out or f"data/{spec.name}/ops")
+    points = []
+    if a.grid:
+        precisions = [Precision(p) for p in a.precisions.split(",")] if a.precisions else None
+        points += grid_points(precisions=precisions or GRID_ORDER,
+                              kinds=set(a.kinds.split(",")) if a.kinds else None, tiny=a.tiny)
+    for f in a.sigs or []:
+        sp = signature_points(Path(f))
+        points += sp
+    if a.plan_only:
+        print(json.dumps(summary(points), indent=1))
+        return 0
+    timer = Timer(device.torch_device, l2_bytes=spec.l2_bytes)
+    t0 = time.perf_counter()
+    by_campaign: dict[str, list] = {}
+    for p in points:
+        by_campaign.setdefault(p.campaign, []).append(p)
+    total = 0
+    for camp, pts in by_campaign.items():
+        left = None if a.budget_s is None else max(a.budget_s - (time.perf_counter() - t0), 0)
+        try:
+            res = run_campaign(pts, out, device, budget_s=left, progress=not a.quiet, timer=timer,
+                               retry_errors=a.retry_errors)
+        except CampaignAbort as e:
+            print(f"error: {e} (finished points are saved; rerun to continue)", file=sys.stderr)
+            return 3
+        total += res.measured
+        print(f"[collect] {camp}: measured {res.measured} ({res.failed} failed), already done {res.skipped_done}, "
+              f"left {res.remaining}, {res.points_per_s:.1f} points/s", flush=True)
+    if a.repeat_fraction > 0:
+        left = None if a.budget_s is None else max(a.budget_s - (time.perf_counter() - t0), 0)
+        sample = repeat_sample(points, a.repeat_fraction)
+        res = run_campaign(sample, out, device, budget_s=left, run=2, progress=not a.quiet, timer=timer,
+                           retry_errors=True)
+        print(f"[collect] repeat sample: measured {res.measured}, left {res.remaining}", flush=True)
+    return 0
+
+
+def _validate(a: argparse.Namespace) -> int:
+    from .validate import default_cases, run_validation
+
+    spec = gpu_spec(a.gpu)
+    device = Device(cpu=a.gpu == "cpu")
+    device.check_matches(spec.name)
+    cases = default_cases()
+    if a.only:
+        cases = [c for c in cases if any(s in c.case_id for s in a.only.split(","))]
+    n = run_validation(cases, Path(a.out), device, budget_s=a.budget_s)
+    print(f"[validate] ran {n} cases")
+    return 0
+
+
+def _oplog(a: argparse.Namespace) -> int:
+    from .validate import oplog_cases, run_oplog
+
+    device = Device()
+    n = run_oplog(oplog_cases(), Path(a.out), device)
+    print(f"[oplog] {n} rows -> {a.out}")
+    return 0
+
+
+def _memtrace(a: argparse.Namespace) -> int:
+    from .validate import run_memtrace
+
+    run_memtrace(a.cases.split(","), Path(a.out), Device())
+    return 0
+
+
+def _probe(a: argparse.Namespace) -> int:
+    from .probe import run_probe
+
+    rep = run_probe(Device(), Path(a.out))
+    print(json.dumps({"provenance": rep["provenance"], "transformers": rep["transformers"],
+                      "sdp_priority_order": rep.get("sdp_priority_order"),
+                      "sdpa_mismatches": len(rep.get("sdpa_mismatches", [])),
+                      "autocast_missing": rep["autocast"]["missing_from_policy"]}, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tp_query.collector")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="run a profiling campaign")
+    c.add_argument("--gpu", required=True)
+    c.add_argument("--out")
+    c.add_argument("--grid", action="store_true", help="the generic sweep of every operator kind")
+    c.add_argument("--sigs", nargs="*", help="signature files (exact calls of traced graphs)")
+    c.add_argument("--kinds")
+    c.add_argument("--precisions")
+    c.add_argument("--tiny", type=int, default=0, help="keep the N smallest points per kind (CPU mode)")
+    c.add_argument("--budget-s", type=float)
+    c.add_argument("--repeat-fraction", type=float, default=0.0)
+    c.add_argument("--plan-only", action="store_true")
+    c.add_argument("--retry-errors", action="store_true", help="measure again points whose row failed")
+    c.add_argument("--quiet", action="store_true")
+    v = sub.add_parser("validate", help="time real training iterations")
+    v.add_argument("--gpu", required=True)
+    v.add_argument("--out", default="data/validation")
+    v.add_argument("--only")
+    v.add_argument("--budget-s", type=float)
+    o = sub.add_parser("oplog", help="log the aten ops of real iterations")
+    o.add_argument("--out", default="data/validation/oplog.parquet")
+    mt = sub.add_parser("memtrace", help="allocated memory after every op of one real iteration")
+    mt.add_argument("--cases", required=True)
+    mt.add_argument("--out", default="data/validation/memtrace.json")
+    p = sub.add_parser("probe", help="check the tracer's assumptions on this GPU")
+    p.add_argument("--out", default="data/probe.json")
+    a = ap.parse_args(argv)
+    try:
+        return {"collect": _collect, "validate": _validate, "oplog": _oplog, "probe": _probe,
+                "memtrace": _memtrace}[a.cmd](a)
+    except (UnknownGpu, DeviceError, StoreError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""What a campaign measures, in a fixed order, so a rerun resumes where the last one stopped.
+
+Two sources of points: the generic grid every operator kind defines in schema/ops.py, and
+signature files (JSON lines of {"op", "sig", "tf32"}) with the exact calls of traced graphs, written
+by `tp-query sigs`. A point's key is the hash of (operator, canonical arguments, math mode).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tp_query.schema.ops import CallInfo, Family, describe, grid_calls
+from tp_query.schema.precision import Precision
+from tp_query.schema.signature import OpCall, call_key
+
+SKIP_FAMILIES = (Family.VIEW, Family.HOST)
+
+
+@dataclass(frozen=True)
+class Point:
+    key: str
+    call: OpCall
+    allow_tf32: bool
+    info: CallInfo
+    campaign: str
+
+    @property
+    def cost_estimate_s(self) -> float:
+        """Rough device seconds to measure the point (warm-up, samples, overhead)."""
+        rate = {Precision.FP32: 45e12, Precision.TF32: 300e12, Precision.FP16: 600e12, Precision.BF16: 600e12}
+        t = max(self.info.flops / rate.get(self.info.precision, 45e12), self.info.bytes / 3.0e12) + 8e-6
+        reps = 12 if t > 1e-3 else 25
+        return reps * (t + 35e-6) + 0.01
+
+
+def make_point(call: OpCall, allow_tf32: bool, campaign: str) -> Point:
+    info = describe(call, allow_tf32)
+    return Point(call_key(call.op, call.to_json_str(), info.math_mode), call, allow_tf32, info, campaign)
+
+
+GRID_ORDER = (Precision.BF16, Precision.FP32, Precision.FP16, Precision.TF32)
+
+
+def grid_points(precisions: Iterable[Precision] = GRID_ORDER, kinds: set[str] | None = None,
+                tiny: int = 0) -> list[Point]:
+    """The generic sweep. `tiny` > 0 keeps only the `tiny` smallest calls per kind and precision
+    (the CPU mode used by tests)."""
+    by: dict[tuple[str, Precision], list[Point]] = {}
+    for kind, p, call in grid_calls(precisions):
+        if kinds and kind.name not in kinds:
+            continue
+        by.setdefault((kind.name, p), []).append(make_point(call, p == Precision.TF32, "grid"))
+    out: list[Point] = []
+    for (_, _), pts in by.items():
+        if tiny:
+            pts = sorted(pts, key=lambda q: q.info.flops + q.info.bytes)[:tiny]
+        out.extend(pts)
+    return _dedupe(out)
+
+
+def signature_points(path: Path, campaign: str | None = None) -> list[Point]:
+    camp = campaign or path.stem
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        d = json.loads(line)
+        call = OpCall.from_json_str(d["op"], d["sig"])
+        pt = make_point(call, bool(d.get("tf32", False)), camp)
+        if pt.info.family in SKIP_FAMILIES or call.op.startswith("comm."):
+            continue
+        out.append(pt)
+    return _dedupe(out)
+
+
+def write_signature_file(path: Path, entries: Iterable[tuple[str, str, bool]]) -> int:
+    seen: set[tuple[str, str, bool]] = set()
+    lines = []
+    for op, sig, tf32 in entries:
+        if (op, sig, tf32) in seen:
+            continue
+        seen.add((op, sig, tf32))
+        lines.append(json.dumps({"op": op, "sig": sig, "tf32": tf32}, separators=(",", ":")))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return len(lines)
+
+
+def repeat_sample(points: list[Point], fraction: float, seed: int = 7) -> list[Point]:
+    """A deterministic sample re-measured as run 2, for the repeatability figure."""
+    rng = random.Random(seed)
+    k = max(1, int(len(points) * fraction))
+    return rng.sample(points, min(k, len(points)))
+
+
+def _dedupe(points: list[Point]) -> list[Point]:
+    seen: set[str] = set()
+    out = []
+    for p in points:
+        if p.key not in seen:
+            seen.add(p.key)
+            out.append(p)
+    return out
+
+
+def summary(points: list[Point]) -> dict[str, Any]:
+    by: dict[str, int] = {}
+    for p in points:
+        k = f"{p.info.family}/{p.info.precision}"
+        by[k] = by.get(k, 0) + 1
+    return {"points": len(points), "estimate_s": round(sum(p.cost_estimate_s for p in points), 1), "by": by}

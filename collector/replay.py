@@ -1,0 +1,44 @@
+"""Replay one recorded aten call on the device: real inputs from its signature, then a closure the
+timer can call. Forward and backward operators alike; attention backward gets its saved tensors
+from a real forward (InputRule.FROM_FORWARD)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tp_query.engine.trace.torchargs import materialize, resolve_op
+from tp_query.schema.ops import ATTN_BWD_ARGS, REGISTRY, InputRule
+from tp_query.schema.signature import OpCall
+
+
+def _attention_backward(call: OpCall, device: torch.device) -> Callable[[], Any]:
+    args, kwargs = materialize(call, device)
+    qi, di, ci, fwd_name = ATTN_BWD_ARGS[call.op]
+    grad_out, q, k, v = args[0], args[qi], args[qi + 1], args[qi + 2]
+    dropout, causal = args[di], args[ci]
+    scale = kwargs.get("scale")
+    fwd = resolve_op(fwd_name)
+    bwd = resolve_op(call.op)
+    if fwd_name.endswith("cudnn_attention.default"):
+        o = fwd(q, k, v, None, True, dropout, causal, False, scale=scale)
+        bargs = (grad_out, q, k, v, o[0], o[1], o[6], o[7], None, o[2], o[3], o[4], o[5], dropout, causal)
+    elif fwd_name.endswith("efficient_attention.default"):
+        o = fwd(q, k, v, None, True, dropout, causal, scale=scale)
+        mask = args[10]
+        bargs = (grad_out, q, k, v, None, o[0], o[1], o[2], o[3], dropout, mask, causal)
+    else:
+        o = fwd(q, k, v, dropout, causal, False, scale=scale)
+        bargs = (grad_out, q, k, v, o[0], o[1], o[2], o[3], o[4], o[5], dropout, causal, o[6], o[7])
+    return lambda: bwd(*bargs, scale=scale)
+
+
+def build(call: OpCall, device: torch.device) -> Callable[[], Any]:
+    """A zero-argument closure that runs `call` once on `device` with persistent inputs."""
+    kind = REGISTRY.for_op(call.op)
+    if kind.input_rule == InputRule.FROM_FORWARD:
+        return _attention_backward(call, device)
+    op = resolve_op(call.op)
+    args, kwargs = materialize(call, device)
+    return lambda: op(*args, **kwargs)

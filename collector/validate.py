@@ -1,0 +1,429 @@
+"""Real training iterations on the GPU: the measuring stick for the engine.
+
+HuggingFace models built from their configs with random weights, trained in plain PyTorch eager
+the way users run them: forward with labels, loss, backward, optimizer step, zero_grad; GradScaler
+under amp_fp16. Median iteration time over iterations after warm-up (CUDA events at iteration
+boundaries, no extra synchronisation), peak allocated memory, or the OOM. Resumable like the
+compute campaign; rows go to data/validation/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import gc
+import itertools
+import json
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from tp_query.engine.trace.torchargs import encode_call, torch_dtype
+from tp_query.schema.precision import SETTINGS, Setting
+from tp_query.schema.tables import OPLOG_SCHEMA, VALIDATION_SCHEMA
+
+from .device import Device
+from .store import ChunkedStore, write_table
+from .timing import quantile
+
+ALL_SETTINGS = [s.value for s in Setting]
+
+
+@dataclass(frozen=True)
+class Case:
+    case_id: str
+    model: str
+    config: dict[str, Any]
+    setting: str
+    micro_batch: int
+    seq_len: int
+    split: str  # calibration | holdout
+    optimizer: str = "adamw"
+    tp_shard: int = 1
+    profile: bool = False
+    accum: int = 1  # micro-batches per optimizer step (gradient accumulation)
+
+    @property
+    def layers(self) -> int:
+        return int(self.config.get("num_hidden_layers", self.config.get("n_layer", 0)))
+
+
+# -- model configs (HF config.json contents; slices of big models keep their layer shapes) -------
+LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+             "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "num_hidden_layers": 32, "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+             "max_position_embeddings": 131072, "tie_word_embeddings": False, "hidden_act": "silu"}
+GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+        "n_positions": 1024, "vocab_size": 50257, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
+GPT2_MEDIUM = {**GPT2, "n_embd": 1024, "n_layer": 24, "n_head": 16}
+QWEN2_1_5B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536,
+              "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2, "num_hidden_layers": 28,
+              "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+              "tie_word_embeddings": True, "hidden_act": "silu"}
+QWEN2_0_5B = {**QWEN2_1_5B, "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+              "num_key_value_heads": 2, "num_hidden_layers": 24}
+QWEN2_7B = {**QWEN2_1_5B, "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+            "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064, "tie_word_embeddings": False}
+LLAMA2_13B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 5120,
+              "intermediate_size": 13824, "num_attention_heads": 40, "num_key_value_heads": 40, "num_hidden_layers": 40,
+              "vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+              "tie_word_embeddings": False, "hidden_act": "silu"}
+MISTRAL_7B = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+              "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+              "vocab_size": 32768, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+              "sliding_window": None, "tie_word_embeddings": False, "hidden_act": "silu"}
+LLAMA3_70B = {**LLAMA3_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
+              "num_key_value_heads": 8, "num_hidden_layers": 80}
+
+MODELS: dict[str, dict[str, Any]] = {
+    "llama3-8b": LLAMA3_8B, "gpt2": GPT2, "gpt2-medium": GPT2_MEDIUM, "qwen2-1.5b": QWEN2_1_5B,
+    "qwen2-0.5b": QWEN2_0_5B, "qwen2-7b": QWEN2_7B, "llama2-13b": LLAMA2_13B, "mistral-7b": MISTRAL_7B,
+    "llama3-70b": LLAMA3_70B,
+}
+
+
+def layers_of(cfg: dict[str, Any], n: int) -> dict[str, Any]:
+    key = "n_layer" if "n_layer" in cfg else "num_hidden_layers"
+    return {**cfg, key: n}
+
+
+def tp_shard_config(cfg: dict[str, Any], tp: int) -> dict[str, Any]:
+    """The model one GPU runs under Megatron TP=tp, as a plain HF config (head_dim kept)."""
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    return {**cfg, "num_attention_heads": heads // tp, "num_key_value_heads": cfg["num_key_value_heads"] // tp,
+            "head_dim": cfg.get("head_dim", h // heads), "intermediate_size": cfg["intermediate_size"] // tp,
+            "vocab_size": cfg["vocab_size"] // tp}
+
+
+def default_cases() -> list[Case]:
+    """Calibration cases have their exact operator signatures in the database; holdout cases never
+    contribute to any calibration and use only the generic grid (different shapes everywhere)."""
+    cases: list[Case] = []
+
+    def add(model: str, cfg: dict[str, Any], mb: int, seq: int, split: str, settings: list[str] | None = None,
+            tp: int = 1, profile_settings: tuple[str, ...] = ()) -> None:
+        for s in settings or ALL_SETTINGS:
+            cid = f"{model}-mb{mb}-s{seq}" + (f"-tp{tp}" if tp > 1 else "") + f"-{s}"
+            cases.append(Case(cid, model, cfg, s, mb, seq, split, tp_shard=tp, profile=s in profile_settings))
+
+    add("llama3-8b-L4", layers_of(LLAMA3_8B, 4), 1, 4096, "calibration", profile_settings=("amp_bf16", "fp32"))
+    add("gpt2", GPT2, 8, 1024, "calibration", profile_settings=("amp_fp16",))
+    add("qwen2-1.5b", QWEN2_1_5B, 2, 2048, "calibration")
+    add("llama3-8b-L4", layers_of(LLAMA3_8B, 4), 2, 2048, "calibration", settings=["amp_bf16", "bf16", "tf32"])
+    add("llama3-8b-L8-tp4", tp_shard_config(layers_of(LLAMA3_8B, 8), 4), 1, 4096, "calibration",
+        settings=["amp_bf16", "bf16"], tp=4)
+    # holdout: other shapes, other families
+    add("qwen2-7b-L3", layers_of(QWEN2_7B, 3), 1, 2048, "holdout")
+    add("llama2-13b-L3", layers_of(LLAMA2_13B, 3), 1, 4096, "holdout", profile_settings=("amp_bf16",))
+    add("gpt2-medium", GPT2_MEDIUM, 4, 1024, "holdout")
+    add("qwen2-0.5b", QWEN2_0_5B, 4, 2048, "holdout")
+    add("mistral-7b-L4", layers_of(MISTRAL_7B, 4), 2, 3072, "holdout", settings=["amp_bf16", "amp_fp16", "bf16", "fp32"])
+    add("llama3-70b-L2", layers_of(LLAMA3_70B, 2), 1, 4096, "holdout", settings=["amp_bf16", "bf16", "fp32"])
+    add("qwen2-7b-L2", layers_of(QWEN2_7B, 2), 2, 4096, "holdout")
+    for s in ("amp_bf16", "bf16"):
+        cases.append(Case(f"llama3-8b-L2-mb1-s8192-{s}", "llama3-8b-L2", layers_of(LLAMA3_8B, 2), s, 1, 8192,
+                          "holdout"))
+    for opt in ("adamw_fused", "sgd"):
+        cases.append(Case(f"llama3-8b-L4-mb1-s4096-{opt}-amp_bf16", "llama3-8b-L4", layers_of(LLAMA3_8B, 4),
+                          "amp_bf16", 1, 4096, "holdout", optimizer=opt))
+    for s in ("amp_bf16", "fp32"):
+        cases.append(Case(f"gpt2-medium-mb4-s1024-accum4-{s}", "gpt2-medium", GPT2_MEDIUM, s, 4, 1024, "holdout",
+                          accum=4))
+    add("gpt2", GPT2, 12, 512, "holdout")
+    # does not fit: full LLaMA-3-8B under AMP (16 bytes/parameter of state) and a 70B slice too deep
+    add("llama3-8b-full", LLAMA3_8B, 1, 4096, "holdout", settings=["amp_bf16", "bf16"])
+    add("llama3-70b-L12", layers_of(LLAMA3_70B, 12), 1, 4096, "holdout", settings=["amp_bf16"])
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _hf_model(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hcfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+    with device:
+        model = AutoModelForCausalLM.from_config(hcfg, dtype=dtype, attn_implementation="sdpa")
+    model.train()
+    return model
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "fwd"
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = str(func)
+        if name.startswith("aten."):
+            call = encode_call(func, args, kwargs)
+            self.counts[(self.phase, call.op, call.to_json_str())] += 1
+        return out
+
+
+def _iteration(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any, ids: torch.Tensor,
+               autocast_dtype: torch.dtype | None, counter: _OpCounter | None = None, accum: int = 1) -> None:
+    for _ in range(accum - 1):  # gradient accumulation: all but the last micro-batch
+        with torch.autocast("cuda", dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext():
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+    ctx = torch.autocast("cuda", dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    if counter:
+        counter.phase = "fwd"
+    with ctx:
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    if counter:
+        counter.phase = "bwd"
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        if counter:
+            counter.phase = "opt"
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        if counter:
+            counter.phase = "opt"
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+_KERNEL_CLASSES = (
+    ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "sm90_", "cublas", "splitk", "splitK")),
+    ("attention", ("fmha", "flash", "attention", "cudnn", "sdpa", "mha")),
+    ("optimizer", ("multi_tensor", "foreach", "adam", "fused_adam")),
+    ("norm", ("norm", "rms")),
+    ("softmax_loss", ("softmax", "nll", "cross_entropy", "log_softmax")),
+    ("embedding", ("embedding", "indexSelect", "index_select")),
+    ("copy_cast", ("copy", "cat", "CatArray", "to_copy", "unrolled_elementwise_kernel")),
+    ("elementwise", ("elementwise", "vectorized", "reduce")),
+)
+
+
+def _classify(name: str) -> str:
+    low = name.lower()
+    for cls, pats in _KERNEL_CLASSES:
+        if any(p.lower() in low for p in pats):
+            return cls
+    return "other"
+
+
+def _profile_iteration(model: Any, opt: Any, scaler: Any, ids: torch.Tensor, ac: torch.dtype | None
+                       ) -> tuple[float, dict[str, Any]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        _iteration(model, opt, scaler, ids, ac)
+        torch.cuda.synchronize()
+    by: dict[str, float] = {}
+    count = 0
+    t_first, t_last = float("inf"), 0.0
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            us = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+            by[_classify(ev.name)] = by.get(_classify(ev.name), 0.0) + us / 1000.0
+            count += 1
+            t_first = min(t_first, ev.time_range.start)
+            t_last = max(t_last, ev.time_range.end)
+    total = sum(by.values())
+    span = (t_last - t_first) / 1000.0 if count else 0.0
+    return total, {"kernel_ms_by_class": by, "kernels": count, "gpu_span_ms": span}
+
+
+def make_optimizer(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """What a user writes: torch's defaults (foreach on CUDA) unless fused is asked for."""
+    if kind == "adamw_fused":
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=1e-3)
+    return torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def run_case(case: Case, device: Device, *, min_iters: int = 6, max_iters: int = 30, time_budget_s: float = 6.0
+             ) -> dict[str, Any]:
+    st = SETTINGS[Setting(case.setting)]
+    dev = device.torch_device
+    torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
+    ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
+    row: dict[str, Any] = {"status": "ok", "reason": "", "iteration_ms": None, "p20_ms": None, "p80_ms": None,
+                           "iterations": 0, "samples_ms": [], "peak_allocated_bytes": None,
+                           "peak_reserved_bytes": None, "kernel_ms": None, "kernel_breakdown_json": None}
+    model = opt = scaler = None
+    try:
+        model = _hf_model(case.config, torch_dtype(st.param_dtype), dev)
+        opt = make_optimizer(case.optimizer, model)
+        scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
+        vocab = int(case.config["vocab_size"])
+        ids = torch.randint(0, vocab, (case.micro_batch, case.seq_len), device=dev)
+        for _ in range(3):
+            _iteration(model, opt, scaler, ids, ac, accum=case.accum)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        events = [torch.cuda.Event(enable_timing=True)]
+        events[0].record()
+        t0 = time.perf_counter()
+        n = 0
+        while n < max_iters:
+            _iteration(model, opt, scaler, ids, ac, accum=case.accum)
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            events.append(e)
+            n += 1
+            if n >= min_iters and time.perf_counter() - t0 > time_budget_s:
+                break
+            if n >= min_iters and n % min_iters == 0:
+                torch.cuda.synchronize()
+                if time.perf_counter() - t0 > time_budget_s:
+                    break
+        torch.cuda.synchronize()
+        samples = [a.elapsed_time(b) for a, b in itertools.pairwise(events)]
+        row.update(iteration_ms=statistics.median(samples), p20_ms=quantile(samples, 0.2),
+                   p80_ms=quantile(samples, 0.8), iterations=len(samples), samples_ms=samples,
+                   peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
+                   peak_reserved_bytes=int(torch.cuda.max_memory_reserved()))
+        if case.profile:
+            try:
+                kms, info = _profile_iteration(model, opt, scaler, ids, ac)
+                row.update(kernel_ms=kms, kernel_breakdown_json=json.dumps(info))
+            except Exception as e:  # the timing above stands without the profile
+                row.update(kernel_breakdown_json=json.dumps({"error": str(e)[:300]}))
+    except torch.OutOfMemoryError as e:
+        row.update(status="oom", reason=str(e).splitlines()[0][:300],
+                   peak_allocated_bytes=int(torch.cuda.max_memory_allocated()))
+    except Exception as e:  # a failed case is a row with its reason
+        row.update(status="error", reason=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+    finally:
+        del model, opt, scaler
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.backends.cuda.matmul.allow_tf32 = False
+    return row
+
+
+def run_validation(cases: list[Case], folder: Path, device: Device, budget_s: float | None = None) -> int:
+    prov = device.provenance()
+    store = ChunkedStore(folder, "validation", VALIDATION_SCHEMA, prov, key_columns=("case_id",))
+    done = {k[0] for k in store.done_keys()}
+    t0 = time.perf_counter()
+    n = 0
+    for i, c in enumerate(cases):
+        if c.case_id in done:
+            continue
+        if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            break
+        clk = device.clocks()
+        res = run_case(c, device)
+        row = {"case_id": c.case_id, "model": c.model, "config_json": json.dumps(c.config, sort_keys=True),
+               "layers": c.layers, "setting": c.setting, "micro_batch": c.micro_batch, "seq_len": c.seq_len,
+               "optimizer": c.optimizer, "tp_shard": c.tp_shard, "split": c.split, "accum": c.accum, **res,
+               "sm_clock_mhz": clk.sm_mhz, "measured_at": dt.datetime.now(dt.UTC).replace(microsecond=0),
+               **dataclasses.asdict(prov)}
+        store.append(row)
+        store.flush()
+        n += 1
+        ms = f"{res['iteration_ms']:.2f} ms" if res["iteration_ms"] else res["status"]
+        print(f"[validate] {i + 1}/{len(cases)} {c.case_id}: {ms}", flush=True)
+    return n
+
+
+def run_oplog(cases: list[Case], path: Path, device: Device) -> int:
+    """Log the aten operators one real iteration dispatches, for the graph-fidelity test."""
+    prov = device.provenance()
+    rows: list[dict[str, Any]] = []
+    for c in cases:
+        st = SETTINGS[Setting(c.setting)]
+        torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
+        ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
+        try:
+            model = _hf_model(c.config, torch_dtype(st.param_dtype), device.torch_device)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
+            ids = torch.randint(0, int(c.config["vocab_size"]), (c.micro_batch, c.seq_len), device=device.torch_device)
+            _iteration(model, opt, scaler, ids, ac)
+            counter = _OpCounter()
+            with counter:
+                _iteration(model, opt, scaler, ids, ac, counter)
+            torch.cuda.synchronize()
+            for (phase, op, sig), cnt in counter.counts.items():
+                rows.append({"case_id": c.case_id, "setting": c.setting, "phase": phase, "op": op, "signature": sig,
+                             "count": cnt, **dataclasses.asdict(prov)})
+            print(f"[oplog] {c.case_id}: {sum(counter.counts.values())} ops", flush=True)
+        finally:
+            model = opt = scaler = None
+            gc.collect()
+            torch.cuda.empty_cache()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_table(path, rows, OPLOG_SCHEMA, prov)
+    return len(rows)
+
+
+class _MemTimeline(TorchDispatchMode):
+    """memory_allocated() after every aten op of one real iteration (where does the peak happen?)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "fwd"
+        self.rows: list[tuple[str, str, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = str(func)
+        if name.startswith("aten."):
+            self.rows.append((self.phase, name, int(torch.cuda.memory_allocated())))
+        return out
+
+
+def run_memtrace(case_ids: list[str], path: Path, device: Device) -> None:
+    """Per-op allocated memory of one iteration of each case, after warm-up (a diagnostic)."""
+    out: dict[str, Any] = {}
+    for c in [c for c in default_cases() if c.case_id in case_ids]:
+        st = SETTINGS[Setting(c.setting)]
+        torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
+        ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
+        model = _hf_model(c.config, torch_dtype(st.param_dtype), device.torch_device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
+        ids = torch.randint(0, int(c.config["vocab_size"]), (c.micro_batch, c.seq_len), device=device.torch_device)
+        for _ in range(2):
+            _iteration(model, opt, scaler, ids, ac)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        tl = _MemTimeline()
+        with tl:
+            _iteration(model, opt, scaler, ids, ac, tl)  # type: ignore[arg-type]
+        torch.cuda.synchronize()
+        out[c.case_id] = {"base": base, "peak": torch.cuda.max_memory_allocated(), "ops": tl.rows}
+        del model, opt, scaler
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(f"[memtrace] {c.case_id}: base {base / 2**30:.2f} GiB, peak {out[c.case_id]['peak'] / 2**30:.2f} GiB",
+              flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+
+
+def oplog_cases() -> list[Case]:
+    small_llama = {**LLAMA3_8B, "hidden_size": 1024, "intermediate_size": 3584, "num_attention_heads": 16,
+                   "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 32000}
+    out = []
+    for model, cfg, mb, seq in (("llama-small", small_llama, 2, 512), ("gpt2-L2", layers_of(GPT2, 2), 2, 512),
+                                ("qwen2-small", {**layers_of(QWEN2_0_5B, 2), "vocab_size": 32000}, 2, 512)):
+        for s in ALL_SETTINGS:
+            out.append(Case(f"oplog-{model}-{s}", model, cfg, s, mb, seq, "oplog"))
+    return out
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield

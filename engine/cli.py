@@ -1,0 +1,300 @@
+"""tp-query: predict LLM training iteration time and memory from the operator database.
+
+Every error a user can fix is one line on stderr with exit code 2 (no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from tp_query.schema.gpus import UnknownGpu
+from tp_query.schema.model_config import ConfigError, load_model_file
+from tp_query.schema.precision import Setting
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
+db_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect the profile database.")
+app.add_typer(db_app, name="db")
+
+
+class UserError(Exception):
+    """A one-line error for the user."""
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU type with a database under data/ (e.g. h200)")]
+DbOpt = Annotated[str | None, typer.Option("--db", help="database root: a folder or s3://bucket/prefix")]
+PrecisionOpt = Annotated[Setting, typer.Option("--precision", help="training precision setting")]
+
+
+def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Setting, seq_len: int, micro_batch: int,
+             global_batch: int | None, optimizer: str, sequence_parallel: bool, zero: int, recompute: str,
+             strict: bool, db: str | None) -> Any:
+    from tp_query.engine.predict import PredictRequest
+
+    obj = load_model_file(model)
+    if recompute not in ("none", "full"):
+        raise UserError(f"--recompute must be none or full, got {recompute!r}")
+    for name, v in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--dp", dp), ("--tp", tp),
+                    ("--pp", pp)):
+        if v <= 0:
+            raise UserError(f"{name} must be a positive integer, got {v}")
+    if global_batch is not None and global_batch <= 0:
+        raise UserError(f"--global-batch must be a positive integer, got {global_batch}")
+    name = model.parent.name if model.name == "config.json" else model.stem
+    return PredictRequest(obj, name, gpu, precision, dp, tp, pp, micro_batch, global_batch, seq_len, optimizer,
+                          sequence_parallel, zero, recompute == "full", strict, db)
+
+
+def _guard(fn: Any) -> Any:
+    from tp_query.engine.compose import PlanError
+    from tp_query.engine.db import DatabaseError
+    from tp_query.engine.predict import PredictError
+
+    try:
+        return fn()
+    except (UserError, ConfigError, PredictError, PlanError, DatabaseError, UnknownGpu, ValueError) as e:
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
+@app.command()
+def predict(
+    model: Annotated[Path, typer.Argument(help="HF config.json (or its folder) or a graph from `tp-query trace`")],
+    gpu: GpuOpt = "h200",
+    dp: Annotated[int, typer.Option(help="data-parallel degree")] = 1,
+    tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
+    pp: Annotated[int, typer.Option(help="pipeline-parallel degree")] = 1,
+    precision: PrecisionOpt = Setting.AMP_BF16,
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
+    micro_batch: Annotated[int, typer.Option("--micro-batch")] = 1,
+    global_batch: Annotated[int | None, typer.Option("--global-batch", help="default DP x micro-batch")] = None,
+    optimizer: Annotated[str, typer.Option(help="adamw | adamw_fused | sgd")] = "adamw",
+    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel")] = False,
+    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3")] = 0,
+    recompute: Annotated[str, typer.Option(help="none | full")] = "none",
+    strict: Annotated[bool, typer.Option(help="refuse extrapolated or missing operator costs")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
+    db: DbOpt = None,
+) -> None:
+    """Predict one training iteration: time, breakdown, peak memory and a fits/OOM verdict."""
+    from tp_query.engine.predict import predict as run
+    from tp_query.engine.report import prediction_table
+
+    def go() -> None:
+        req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
+                       sequence_parallel, zero, recompute, strict, db)
+        p = run(req)
+        if as_json:
+            typer.echo(json.dumps(p.to_json(), indent=1, default=float))
+        else:
+            typer.echo(prediction_table(p))
+
+    _guard(go)
+
+
+@app.command()
+def ops(
+    model: Annotated[Path, typer.Argument()],
+    gpu: GpuOpt = "h200",
+    dp: int = 1, tp: int = 1, pp: int = 1,
+    precision: PrecisionOpt = Setting.AMP_BF16,
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
+    micro_batch: Annotated[int, typer.Option("--micro-batch")] = 1,
+    global_batch: Annotated[int | None, typer.Option("--global-batch")] = None,
+    optimizer: str = "adamw",
+    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel")] = False,
+    zero: int = 0,
+    recompute: str = "none",
+    top: Annotated[int, typer.Option(help="rows to show (0: all)")] = 40,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    db: DbOpt = None,
+) -> None:
+    """List the per-operator rows behind a prediction (slowest stage, one iteration)."""
+    from tp_query.engine.predict import Engine
+    from tp_query.engine.report import ops_table
+
+    def go() -> None:
+        req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
+                       sequence_parallel, zero, recompute, False, db)
+        p = Engine(req.gpu, req.db_root).predict(req, with_ops=True)
+        rows = p.ops if top <= 0 else p.ops[:top]
+        if as_json:
+            typer.echo(json.dumps([r.__dict__ for r in rows], indent=1, default=float))
+        else:
+            typer.echo(ops_table(rows, p))
+
+    _guard(go)
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="SQL over the views ops, ops_ok, op_summary, repeatability, ...")],
+    gpu: GpuOpt = "h200",
+    db: DbOpt = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+) -> None:
+    """Run ad-hoc DuckDB SQL over the operator database."""
+    from tp_query.engine.db import Database
+    from tp_query.engine.report import arrow_table_text
+
+    def go() -> None:
+        t = Database(gpu, db, validate=False).sql(query)
+        if fmt == "json":
+            typer.echo(json.dumps(t.to_pylist(), default=str, indent=1))
+        elif fmt == "csv":
+            import io
+
+            import pyarrow.csv as pacsv
+
+            out = io.BytesIO()
+            pacsv.write_csv(t, out)
+            typer.echo(out.getvalue().decode(), nl=False)
+        else:
+            typer.echo(arrow_table_text(t, limit))
+
+    _guard(go)
+
+
+@db_app.command("info")
+def db_info(gpu: GpuOpt = "h200", db: DbOpt = None,
+            as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Rows per operator kind and precision, provenance, and repeatability of the database."""
+    from tp_query.engine.db import Database
+    from tp_query.engine.report import db_info_text
+
+    def go() -> None:
+        d = Database(gpu, db)
+        info = d.info()
+        rep = d.sql("SELECT count(*) AS n, median(rel_diff) AS median_rel_diff, quantile_cont(rel_diff, 0.9) AS "
+                    "p90_rel_diff, median(spread) AS median_spread FROM repeatability").to_pylist()[0]
+        if as_json:
+            typer.echo(json.dumps({"gpu": info.gpu, "files": info.files, "rows": info.rows, "ok_rows": info.ok_rows,
+                                   "provenance": info.provenance, "repeatability": rep,
+                                   "by_kind": [list(r) for r in info.by_kind]}, indent=1, default=str))
+        else:
+            typer.echo(db_info_text(info, rep))
+
+    _guard(go)
+
+
+@app.command()
+def trace(
+    target: Annotated[str, typer.Argument(help="path/to/file.py:factory or package.module:factory, or a HF "
+                                               "config.json")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="graph file to write (.json or .json.gz)")],
+    inputs: Annotated[str | None, typer.Option(help="file.py:make_inputs or module:fn taking the model")] = None,
+    precision: PrecisionOpt = Setting.AMP_BF16,
+    optimizer: str = "adamw",
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
+    micro_batch: Annotated[int, typer.Option("--micro-batch")] = 1,
+    tp: int = 1,
+    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel")] = False,
+    recompute: str = "none",
+) -> None:
+    """Capture the training graph CUDA would run (fake tensors, on the CPU) into a graph file."""
+
+    def go() -> None:
+        from tp_query.engine.tracecli import trace_target
+
+        g = trace_target(target, inputs, precision, optimizer, seq_len, micro_batch, tp, sequence_parallel,
+                         recompute == "full")
+        g.save(out)
+        typer.echo(f"wrote {out}: {len(g.ops)} operators, {len(g.params)} parameters "
+                   f"({g.meta.source}, {g.meta.setting})")
+
+    _guard(go)
+
+
+@app.command()
+def sigs(
+    models: Annotated[list[Path], typer.Argument(help="HF configs whose exact operator calls to profile")],
+    out: Annotated[Path, typer.Option("--out", "-o")],
+    precision: Annotated[list[Setting] | None, typer.Option(help="settings (default: all six)")] = None,
+    seq_len: Annotated[list[int] | None, typer.Option("--seq-len")] = None,
+    micro_batch: Annotated[list[int] | None, typer.Option("--micro-batch")] = None,
+    tp: Annotated[list[int] | None, typer.Option("--tp")] = None,
+    layers: Annotated[int | None, typer.Option(help="override num_hidden_layers (for slices)")] = None,
+) -> None:
+    """Write a signature file: the exact operator calls of traced configs, for `make collect`."""
+
+    def go() -> None:
+        from tp_query.collector.plan import write_signature_file
+        from tp_query.engine.tracecli import signature_entries
+
+        entries = signature_entries([load_model_file(m) for m in models], precision or list(Setting),
+                                    seq_len or [4096], micro_batch or [1], tp or [1], layers)
+        n = write_signature_file(out, entries)
+        typer.echo(f"wrote {out}: {n} distinct calls")
+
+    _guard(go)
+
+
+@app.command()
+def report(
+    gpu: GpuOpt = "h200",
+    validation: Annotated[Path, typer.Option(help="folder of measured iterations")] = Path("data/validation"),
+    out: Annotated[Path, typer.Option(help="markdown report to write")] = Path("docs/validation.md"),
+    fit: Annotated[bool, typer.Option(help="refit the host model on the calibration split and save it")] = True,
+    db: DbOpt = None,
+) -> None:
+    """Compare predictions with measured training iterations; write docs/validation.md and its plot."""
+
+    def go() -> None:
+        import dataclasses
+
+        from tp_query.engine import plot
+        from tp_query.engine.predict import Engine
+        from tp_query.engine.validation import Study, load_rows, report_markdown, summary
+
+        eng = Engine(gpu, db)
+        rows = load_rows(validation)
+        if not rows:
+            raise UserError(f"no validation measurements under {validation} (run `make validate` on a GPU)")
+        study = Study(eng, rows)
+        host = eng.host
+        if fit:
+            host = study.fit(eng.host)
+            cal = Path(eng.db.root) / eng.gpu.name / "calibration.json"
+            n = sum(1 for c in study.cases if c.split == "calibration" and c.status == "ok")
+            cal.write_text(json.dumps({**dataclasses.asdict(host), "fitted_on_cases": n,
+                                       "split": "calibration"}, indent=1) + "\n")
+        study.finalize(host)
+        summ = summary(study.cases)
+        series = []
+        for st in Setting:
+            cs = [c for c in study.cases if c.setting == st.value and c.predicted_ms and c.measured_ms]
+            series.append(plot.Series(st.value, [c.measured_ms for c in cs], [c.predicted_ms for c in cs]))
+        svg = plot.scatter_loglog([s for s in series if s.xs], "Predicted vs measured iteration time (H200)",
+                                  "measured ms", "predicted ms")
+        plot_path = out.with_name(out.stem + "-scatter.svg")
+        plot.write(svg, plot_path)
+        prov = eng.db.info().provenance
+        out.write_text(report_markdown(study.cases, host, summ, plot_path.name, prov))
+        out.with_suffix(".json").write_text(json.dumps(
+            {"summary": summ, "host_model": dataclasses.asdict(host),
+             "cases": [{**dataclasses.asdict(c), "ape": c.ape} for c in study.cases]}, indent=1, default=str))
+        a, h = summ["all"], summ["holdout"]
+        typer.echo(f"wrote {out}: {a['n']} cases, MAPE {100 * a['mape']:.1f}% (holdout {100 * h['mape']:.1f}%, "
+                   f"max {100 * a['max']:.1f}%), static-TF32 baseline {100 * a['baselines']['static-tf32']:.0f}%")
+
+    _guard(go)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

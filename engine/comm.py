@@ -1,0 +1,77 @@
+"""Communication time: measured NCCL tables when the database has them, else an alpha-beta model.
+
+Ring algorithms: all-reduce moves 2(n-1)/n of the message per rank, all-gather and reduce-scatter
+(n-1)/n of the full tensor, send/recv the message once. Links: TP and any group of at most 8 GPUs
+inside one host use NVLink; larger groups cross hosts over InfiniBand (GpuSpec figures).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tp_query.schema.gpus import GpuSpec
+
+from .lookup import Source
+
+GPUS_PER_HOST = 8
+
+
+@dataclass(frozen=True)
+class CommEstimate:
+    us: float
+    source: Source
+    link: str
+
+
+def _ring_factor(collective: str, n: int) -> float:
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+class CommModel:
+    def __init__(self, gpu: GpuSpec, table: list[dict[str, Any]] | None = None) -> None:
+        self.gpu = gpu
+        self.table: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for r in table or []:
+            if r.get("status") == "ok":
+                self.table.setdefault((r["collective"], int(r["ranks"])), []).append(
+                    (float(r["bytes"]), float(r["latency_us"])))
+        for v in self.table.values():
+            v.sort()
+
+    def link(self, ranks: int, spans_hosts: bool) -> str:
+        return "ib" if spans_hosts or ranks > GPUS_PER_HOST else "nvlink"
+
+    def estimate(self, collective: str, nbytes: float, ranks: int, spans_hosts: bool = False) -> CommEstimate:
+        if ranks <= 1 or nbytes <= 0:
+            return CommEstimate(0.0, Source.COMM_MODEL, "none")
+        link = self.link(ranks, spans_hosts)
+        pts = self.table.get((collective, ranks)) if link == "nvlink" else None
+        if pts and len(pts) >= 2:
+            return CommEstimate(_interp_loglog(pts, nbytes), Source.COMM_MEASURED, link)
+        bw = self.gpu.nvlink_bytes_per_s if link == "nvlink" else self.gpu.ib_bytes_per_s
+        lat = self.gpu.nvlink_latency_s if link == "nvlink" else self.gpu.ib_latency_s
+        steps = 2 * (ranks - 1) if collective == "all_reduce" else (ranks - 1 if collective != "send_recv" else 1)
+        t = steps * lat / max(1, math.log2(ranks) if collective == "all_reduce" else 1) + \
+            _ring_factor(collective, ranks) * nbytes / bw
+        return CommEstimate(t * 1e6, Source.COMM_MODEL, link)
+
+
+def _interp_loglog(pts: list[tuple[float, float]], x: float) -> float:
+    if x <= pts[0][0]:
+        return pts[0][1] * (x / pts[0][0]) ** 0.0 if x < pts[0][0] else pts[0][1]
+    if x >= pts[-1][0]:
+        b0, t0 = pts[-2]
+        b1, t1 = pts[-1]
+        return t1 + (x - b1) * (t1 - t0) / max(b1 - b0, 1.0)
+    for (b0, t0), (b1, t1) in itertools.pairwise(pts):
+        if b0 <= x <= b1:
+            w = (math.log(x) - math.log(b0)) / (math.log(b1) - math.log(b0)) if b1 > b0 else 0.0
+            return math.exp(math.log(t0) * (1 - w) + math.log(t1) * w)
+    return pts[-1][1]

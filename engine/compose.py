@@ -1,0 +1,266 @@
+"""From a traced graph to what each GPU runs: layers replicated, pipeline stages cut, optimizer
+ops rebuilt for each stage's (possibly ZeRO-sharded) parameters, and the extra work of gradient
+accumulation and DDP.
+
+Semantics (Megatron-LM style; see README "Parallelism semantics"):
+- TP is already in the graph: the trace is of the TP shard, with comm.* records where Megatron
+  communicates (column/row-parallel linears, vocab-parallel embedding and cross-entropy).
+- PP cuts contiguous layer ranges; the first stage has the embedding, the last the final norm,
+  LM head and loss; as even as possible, extra layers to the first stages.
+- DP replicates; with ZeRO >= 1 the optimizer runs on 1/DP of every parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from tp_query.schema.ops import CallInfo, describe
+from tp_query.schema.precision import DType
+from tp_query.schema.signature import OpCall, TensorSpec, call_key
+
+from .graph import Graph, OpRecord, ParamRecord, Phase, Section
+
+
+class PlanError(ValueError):
+    """An impossible parallel configuration (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class Parallel:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch: int = 1
+    global_batch: int | None = None
+    sequence_parallel: bool = False
+    zero: int = 0
+    recompute: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def micro_batches(self) -> int:
+        gb = self.global_batch or self.dp * self.micro_batch
+        return gb // (self.dp * self.micro_batch)
+
+    def validate(self) -> None:
+        for name, v in (("DP", self.dp), ("TP", self.tp), ("PP", self.pp), ("micro-batch", self.micro_batch)):
+            if v <= 0:
+                raise PlanError(f"{name} must be a positive integer, got {v}")
+        gb = self.global_batch or self.dp * self.micro_batch
+        if gb <= 0 or gb % (self.dp * self.micro_batch):
+            raise PlanError(f"global batch {gb} is not a multiple of DP x micro-batch = {self.dp * self.micro_batch}")
+        if self.zero not in (0, 1, 2, 3):
+            raise PlanError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero}")
+        if self.sequence_parallel and self.tp == 1:
+            raise PlanError("sequence parallelism needs TP > 1")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One operator call of a stage, with what the registry derives from it."""
+
+    key: str
+    call: OpCall
+    info: CallInfo
+    phase: Phase
+
+
+@dataclass
+class StageWork:
+    index: int
+    first: bool
+    last: bool
+    layers: int
+    fwd: list[Item]  # one micro-batch
+    bwd: list[Item]  # one micro-batch
+    opt: list[Item]  # once per step
+    accum: list[Item]  # per micro-batch after the first (gradient accumulation)
+    ddp: list[Item]  # once per step when DP > 1 and ZeRO 0 (bucket copies)
+    params: list[ParamRecord]
+    shared: dict[str, Item] = field(default_factory=dict)
+
+    @cached_property
+    def param_numel(self) -> int:
+        return sum(p.numel for p in self.params)
+
+
+_ITEM_CACHE: dict[tuple[str, str, bool], Item] = {}
+
+
+def make_item(op: str, sig: str, phase: Phase, allow_tf32: bool, call: OpCall | None = None) -> Item:
+    ck = (op, sig, allow_tf32)
+    it = _ITEM_CACHE.get(ck)
+    if it is not None and it.phase == phase:
+        return it
+    c = call or OpCall.from_json_str(op, sig)
+    info = describe(c, allow_tf32)
+    it = Item(call_key(op, sig, info.math_mode), c, info, phase)
+    if len(_ITEM_CACHE) > 200_000:
+        _ITEM_CACHE.clear()
+    _ITEM_CACHE[ck] = it
+    return it
+
+
+def _call_item(call: OpCall, phase: Phase, allow_tf32: bool) -> Item:
+    return make_item(call.op, call.to_json_str(), phase, allow_tf32, call)
+
+
+def split_layers(n_layers: int, pp: int) -> list[int]:
+    if pp > n_layers:
+        raise PlanError(f"PP={pp} is larger than the number of layers ({n_layers})")
+    base, extra = divmod(n_layers, pp)
+    return [base + (1 if i < extra else 0) for i in range(pp)]
+
+
+class Composer:
+    """Section templates of one graph, ready to assemble stages for any layer count and PP."""
+
+    def __init__(self, graph: Graph, allow_tf32: bool) -> None:
+        self.graph = graph
+        self.allow_tf32 = allow_tf32
+        tl = graph.meta.traced_layers - 1
+        self.template_layer = tl
+        sec: dict[tuple[Phase, Section], list[Item]] = {}
+        for o in graph.ops:
+            if o.section == Section.LAYER and o.layer != tl:
+                continue
+            sec.setdefault((o.phase, o.section), []).append(make_item(o.op, o.sig, o.phase, allow_tf32))
+        self.sections = sec
+        self.opt_records: list[OpRecord] = [o for o in graph.ops if o.phase == Phase.OPT]
+        self.traced_params = list(graph.params)
+        self.layer_params = [p for p in graph.params if p.section == Section.LAYER and p.layer == tl]
+        self.is_layered = graph.meta.traced_layers > 0
+
+    def part(self, phase: Phase, section: Section) -> list[Item]:
+        return self.sections.get((phase, section), [])
+
+    # -- parameters ---------------------------------------------------------------------------
+    def stage_params(self, first: bool, last: bool, layers: int) -> list[ParamRecord]:
+        if not self.is_layered:
+            return list(self.traced_params)
+        out: list[ParamRecord] = []
+        tied = bool(self.graph.meta.model.get("tie_word_embeddings"))
+        embed = [p for p in self.traced_params if p.section == Section.EMBED]
+        head = [p for p in self.traced_params if p.section == Section.HEAD]
+        if first:
+            out += embed
+        for i in range(layers):
+            out += [ParamRecord(p.name.replace(f"layers.{self.template_layer}.", f"layers.{i}."), p.shape, p.dtype,
+                                Section.LAYER, i) for p in self.layer_params]
+        if last:
+            out += head
+            if tied and not first:  # Megatron keeps a copy of the tied embedding on the last stage
+                w = next(p for p in embed if p.name.endswith("embed_tokens.weight"))
+                out.append(ParamRecord("head.lm_head.weight", w.shape, w.dtype, Section.HEAD))
+        return out
+
+    def _traced_index(self) -> dict[str, int]:
+        return {p.name: i for i, p in enumerate(self.traced_params)}
+
+    # -- optimizer ----------------------------------------------------------------------------
+    def optimizer_items(self, params: list[ParamRecord], zero_shards: int) -> list[Item]:
+        """The traced optimizer step rebuilt for `params` (sharded 1/zero_shards each under ZeRO)."""
+        n_traced = len(self.traced_params)
+        index = self._traced_index()
+        tl = self.template_layer
+
+        def src_index(p: ParamRecord) -> int:
+            if p.section == Section.LAYER:
+                return index[p.name.replace(f"layers.{p.layer}.", f"layers.{tl}.", 1)]
+            if p.name in index:
+                return index[p.name]
+            return index.get("embed.embed_tokens.weight", 0)
+
+        order = [src_index(p) for p in params]
+
+        def remap(v: object) -> object:
+            if isinstance(v, list) and len(v) == n_traced and n_traced > 0:
+                if all(isinstance(x, TensorSpec) for x in v):
+                    return [_shard(v[i], zero_shards) for i in order]
+                return [v[i] for i in order]
+            return v
+
+        items = []
+        for o in self.opt_records:
+            call = OpCall.from_json_str(o.op, o.sig)
+            if any(isinstance(a, list) and len(a) == n_traced for a in call.args):
+                call = OpCall(call.op, tuple(remap(a) for a in call.args), call.kwargs)
+                items.append(_call_item(call, Phase.OPT, self.allow_tf32))
+            else:
+                items.append(make_item(o.op, o.sig, Phase.OPT, self.allow_tf32))
+        return items
+
+    def grad_dtype(self) -> DType:
+        return DType(self.traced_params[0].dtype) if self.traced_params else DType.FP32
+
+    def accumulate_items(self, params: list[ParamRecord]) -> list[Item]:
+        """AccumulateGrad with an existing gradient: grad += new, once per parameter."""
+        return [_call_item(OpCall("aten.add_.Tensor", (_spec(p), _spec(p))), Phase.BWD, self.allow_tf32)
+                for p in params]
+
+    def ddp_items(self, params: list[ParamRecord], dp: int, bucket_bytes: int = 25 * 2**20) -> list[Item]:
+        """DDP (gradient_as_bucket_view=False): copy each grad into its bucket and back, divide each
+        bucket by the world size."""
+        out = []
+        for p in params:
+            s = _spec(p)
+            out.append(_call_item(OpCall("aten.copy_.default", (s, s)), Phase.BWD, self.allow_tf32))
+            out.append(_call_item(OpCall("aten.copy_.default", (s, s)), Phase.OPT, self.allow_tf32))
+        total = sum(p.numel * DType(p.dtype).itemsize for p in params)
+        dt = DType(params[0].dtype) if params else DType.FP32
+        n_buckets = max(1, math.ceil(total / bucket_bytes))
+        per = max(1, total // n_buckets // dt.itemsize)
+        for _ in range(n_buckets):
+            out.append(_call_item(OpCall("aten.div_.Scalar", (TensorSpec((per,), dt), dp)), Phase.BWD,
+                                  self.allow_tf32))
+        return out
+
+    # -- stages -------------------------------------------------------------------------------
+    def stages(self, par: Parallel) -> list[StageWork]:
+        n_layers = int(self.graph.meta.model.get("num_layers", 0)) if self.is_layered else 0
+        if not self.is_layered:
+            if par.pp > 1:
+                raise PlanError("pipeline parallelism needs a layered model (a HuggingFace config)")
+            counts = [0]
+        else:
+            counts = split_layers(n_layers, par.pp)
+        out = []
+        for s, n in enumerate(counts):
+            first, last = s == 0, s == len(counts) - 1
+            fwd: list[Item] = []
+            bwd: list[Item] = []
+            if not self.is_layered:
+                fwd = self.part(Phase.FWD, Section.BODY)
+                bwd = self.part(Phase.BWD, Section.BODY)
+            else:
+                if first:
+                    fwd += self.part(Phase.FWD, Section.EMBED)
+                fwd += self.part(Phase.FWD, Section.LAYER) * n
+                if last:
+                    fwd += self.part(Phase.FWD, Section.HEAD)
+                    bwd += self.part(Phase.BWD, Section.HEAD)
+                bwd += self.part(Phase.BWD, Section.LAYER) * n
+                if first:
+                    bwd += self.part(Phase.BWD, Section.EMBED)
+            params = self.stage_params(first, last, n)
+            shards = par.dp if par.zero >= 1 else 1
+            opt = self.optimizer_items(params, shards)
+            accum = self.accumulate_items(params) if par.micro_batches > 1 and par.zero < 2 else []
+            ddp = self.ddp_items(params, par.dp) if par.dp > 1 and par.zero == 0 else []
+            out.append(StageWork(s, first, last, n, fwd, bwd, opt, accum, ddp, params))
+        return out
+
+
+def _spec(p: ParamRecord) -> TensorSpec:
+    return TensorSpec(tuple(p.shape), DType(p.dtype))
+
+
+def _shard(t: TensorSpec, n: int) -> TensorSpec:
+    if n <= 1 or t.host or not t.shape:
+        return t
+    return TensorSpec((math.ceil(t.numel / n),), t.dtype)

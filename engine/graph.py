@@ -1,0 +1,139 @@
+"""The training graph a trace produces and the engine consumes (torch-free).
+
+A graph holds the aten operators of one micro-batch's forward and backward and of one optimizer
+step, in dispatch order, for a model cut to a few identical layers, each operator tagged with its
+phase and section (embed / layer i / head / optim). The engine composes any layer count and any
+pipeline stage from these sections. Communication points are records too (op "comm.<collective>").
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+GRAPH_FORMAT = "tp-query-graph/1"
+
+
+class Phase(StrEnum):
+    FWD = "fwd"
+    BWD = "bwd"
+    OPT = "opt"
+
+
+class Section(StrEnum):
+    EMBED = "embed"
+    LAYER = "layer"
+    HEAD = "head"
+    OPTIM = "optim"
+    BODY = "body"  # a user module with no layer structure
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    op: str
+    sig: str  # canonical JSON of the arguments (schema.signature)
+    phase: Phase
+    section: Section
+    layer: int = -1
+    alloc_bytes: int = 0  # bytes of new storage the op allocated (rounded like the caching allocator)
+
+
+@dataclass(frozen=True)
+class ParamRecord:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    section: Section
+    layer: int = -1
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """Live bytes above the static state (weights + optimizer state) at the points that set peaks,
+    for one micro-batch of the traced model. See engine/memory.py for how they compose."""
+
+    static_bytes: int
+    embed_act_bytes: int
+    layer_act_bytes: int
+    head_peak_bytes: int  # transient peak over the live activations from the last layer's output to the start of layer backward
+    layer_bwd_transient_bytes: int
+    grad_bytes: int
+    opt_peak_bytes: int  # optimizer transient over weights + state + grads
+    traced_peak_bytes: int  # measured peak of the traced step (static included)
+    fwd_end_bytes: int
+
+
+@dataclass(frozen=True)
+class GraphMeta:
+    source: str  # "config" | "module"
+    model: dict[str, Any]
+    setting: str
+    micro_batch: int
+    seq_len: int
+    tp: int
+    sequence_parallel: bool
+    recompute: bool
+    optimizer: str
+    traced_layers: int
+    torch_version: str
+    sdpa_policy: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Graph:
+    meta: GraphMeta
+    ops: tuple[OpRecord, ...]
+    params: tuple[ParamRecord, ...]
+    memory: MemoryProfile
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": GRAPH_FORMAT,
+            "meta": asdict(self.meta),
+            "params": [[p.name, list(p.shape), p.dtype, p.section.value, p.layer] for p in self.params],
+            "memory": asdict(self.memory),
+            "ops": [[o.op, o.sig, o.phase.value, o.section.value, o.layer, o.alloc_bytes] for o in self.ops],
+        }
+
+    @staticmethod
+    def from_json(obj: dict[str, Any]) -> Graph:
+        if obj.get("format") != GRAPH_FORMAT:
+            raise ValueError(f"not a {GRAPH_FORMAT} graph (format={obj.get('format')!r})")
+        meta = GraphMeta(**obj["meta"])
+        params = tuple(ParamRecord(n, tuple(s), d, Section(sec), int(li)) for n, s, d, sec, li in obj["params"])
+        ops = tuple(OpRecord(op, sig, Phase(ph), Section(sec), int(li), int(ab))
+                    for op, sig, ph, sec, li, ab in obj["ops"])
+        return Graph(meta, ops, params, MemoryProfile(**obj["memory"]))
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        data = json.dumps(self.to_json(), separators=(",", ":")).encode()
+        tmp = p.with_name(p.name + ".tmp")
+        if p.suffix == ".gz":
+            tmp.write_bytes(gzip.compress(data, 6))
+        else:
+            tmp.write_bytes(data)
+        tmp.replace(p)
+
+    @staticmethod
+    def load(path: str | Path) -> Graph:
+        raw = Path(path).read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        return Graph.from_json(json.loads(raw))
+
+
+def is_graph_json(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get("format") == GRAPH_FORMAT

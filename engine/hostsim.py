@@ -1,0 +1,74 @@
+"""Host and GPU as two queues: where eager PyTorch leaves the GPU idle.
+
+The host issues operators one after another (a per-operator cost that depends on the phase: Python
+modules in forward, the C++ autograd engine in backward, the optimizer's multi-tensor bookkeeping);
+the GPU runs each as soon as it is issued and the previous one finished. A synchronising operator
+(`.item()`, `bool(tensor)`) makes the host wait for the GPU to drain. Sum of kernel times is a lower
+bound; this gives the idle time between kernels, calibrated from measured iterations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """Per-operator host costs in microseconds (fitted by `tp-query calibrate`)."""
+
+    fwd_us: float = 12.0
+    bwd_us: float = 6.0
+    opt_us: float = 15.0
+    per_tensor_us: float = 1.0  # per tensor in a multi-tensor (foreach) call
+    per_iteration_us: float = 300.0
+    beta: float = 0.5  # GPU time = warm + beta * (cold - warm)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @staticmethod
+    def load(path: Path) -> HostModel:
+        d = json.loads(path.read_text())
+        return HostModel(**{k: float(v) for k, v in d.items() if k in HostModel.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class SimResult:
+    elapsed_us: float
+    gpu_us: float
+
+    @property
+    def idle_us(self) -> float:
+        return max(self.elapsed_us - self.gpu_us, 0.0)
+
+
+def simulate(gpu_us: np.ndarray, host_us: np.ndarray, sync: np.ndarray) -> SimResult:
+    """Elapsed time from an empty queue to the end of both host and GPU work.
+
+    Within a stretch without synchronisation, with G the cumulative GPU time and C the host issue
+    times, the GPU finishes op i at G_i + max(start, max_j<=i (C_j - G_{j-1})) (a max-plus scan)."""
+    n = len(gpu_us)
+    if n == 0:
+        return SimResult(0.0, 0.0)
+    cuts = np.flatnonzero(sync)
+    bounds = [0, *[int(c) for c in cuts if c > 0], n]
+    cpu = 0.0
+    gpu_end = 0.0
+    for a, b in itertools.pairwise(bounds):
+        if a >= b:
+            continue
+        if sync[a]:
+            cpu = max(cpu, gpu_end)
+        g = gpu_us[a:b]
+        c = cpu + np.cumsum(host_us[a:b])
+        G = np.cumsum(g)
+        A = c - (G - g)
+        ends = G + np.maximum(gpu_end, np.maximum.accumulate(A))
+        gpu_end = float(ends[-1])
+        cpu = float(c[-1])
+    return SimResult(max(gpu_end, cpu), float(gpu_us.sum()))

@@ -1,0 +1,435 @@
+"""One prediction: model + training setup + parallel split -> iteration time, breakdown, memory.
+
+Pipeline: trace (cached) -> compose stages -> look up every operator (exact / interpolated /
+extrapolated / miss) -> host/GPU two-queue simulation per stage -> 1F1B schedule with TP, PP and
+DP communication -> peak memory per stage -> the slowest stage and the largest memory win.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tp_query.schema.gpus import GpuSpec, gpu_spec
+from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
+from tp_query.schema.ops import Family
+from tp_query.schema.precision import SETTINGS, DType, Setting
+from tp_query.schema.signature import TensorSpec
+
+from .comm import CommModel
+from .compose import Composer, Item, Parallel, PlanError, StageWork
+from .db import Database
+from .graph import Graph, Phase, is_graph_json
+from .hostsim import HostModel, simulate
+from .lookup import Estimate, LatencyModel, Query, Source
+from .memory import stage_memory
+
+TRACE_VERSION = 3
+SYNC_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default")
+OPTIMIZERS = ("adamw", "adamw_fused", "sgd")
+
+
+class PredictError(ValueError):
+    """Bad input for a prediction (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    model: dict[str, Any]  # a HF config.json object or a tp-query graph object
+    model_name: str = "model"
+    gpu: str = "h200"
+    setting: Setting = Setting.AMP_BF16
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch: int = 1
+    global_batch: int | None = None
+    seq_len: int = 4096
+    optimizer: str = "adamw"
+    sequence_parallel: bool = False
+    zero: int = 0
+    recompute: bool = False
+    strict: bool = False
+    db_root: str | None = None
+
+    @property
+    def parallel(self) -> Parallel:
+        return Parallel(self.dp, self.tp, self.pp, self.micro_batch, self.global_batch, self.sequence_parallel,
+                        self.zero, self.recompute)
+
+
+@dataclass(frozen=True)
+class OpRow:
+    phase: str
+    op: str
+    kind: str
+    precision: str
+    shapes: str
+    count: int
+    latency_us: float
+    total_ms: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    iteration_ms: float
+    breakdown: dict[str, float]
+    peak_memory_gib: float
+    fits: bool
+    memory: dict[str, float]
+    sources: dict[str, float]
+    warnings: list[str]
+    config: dict[str, Any]
+    tokens_per_s: float
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    ops: list[OpRow] = field(default_factory=list)
+
+    def to_json(self, with_ops: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        if not with_ops:
+            d.pop("ops")
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# graphs
+# ---------------------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    p = Path(os.environ.get("TP_QUERY_CACHE", Path.home() / ".cache" / "tp-query")) / "graphs"
+    return p
+
+
+def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
+    body = json.dumps({"spec": spec.to_dict(), "setting": req.setting.value, "mb": req.micro_batch,
+                       "seq": req.seq_len, "tp": req.tp, "sp": req.sequence_parallel and req.tp > 1,
+                       "rc": req.recompute, "opt": req.optimizer, "v": TRACE_VERSION}, sort_keys=True)
+    return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
+
+
+def graph_for(req: PredictRequest) -> Graph:
+    if is_graph_json(req.model):
+        g = Graph.from_json(req.model)
+        if req.tp > 1 or req.pp > 1:
+            if g.meta.source == "module":
+                raise PredictError("a traced module runs as traced: use --tp 1 --pp 1 (DP and ZeRO are fine)")
+        return g
+    try:
+        spec = parse_config(req.model, req.model_name)
+    except ConfigError as e:
+        raise PredictError(str(e)) from None
+    key = _graph_cache_key(spec, req)
+    path = cache_dir() / f"{key}.json.gz"
+    if path.exists():
+        try:
+            return Graph.load(path)
+        except Exception:
+            path.unlink(missing_ok=True)
+    try:
+        from .trace.capture import TraceError, TraceRequest, trace_config
+    except ImportError:
+        raise PredictError("tracing a config needs torch (pip install 'tp-query[trace]'), or pass a graph "
+                           "file from `tp-query trace`") from None
+    try:
+        g = trace_config(TraceRequest(spec, req.setting, req.micro_batch, req.seq_len, req.tp,
+                                      req.sequence_parallel, req.recompute, req.optimizer))
+    except TraceError as e:
+        raise PredictError(str(e)) from None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        g.save(path)
+    except OSError:
+        pass
+    return g
+
+
+# ---------------------------------------------------------------------------------------------
+# engine
+# ---------------------------------------------------------------------------------------------
+
+class Engine:
+    """Holds the database connection and caches shared across predictions (search reuses it)."""
+
+    def __init__(self, gpu: str = "h200", db_root: str | None = None) -> None:
+        try:
+            self.gpu: GpuSpec = gpu_spec(gpu)
+        except ValueError as e:
+            raise PredictError(str(e)) from None
+        self.db = Database(self.gpu.name, db_root)
+        self.latency = LatencyModel(self.db, self.gpu)
+        self.host = self._host_model(db_root)
+        self.comm = CommModel(self.gpu, self._comm_table())
+
+    def _host_model(self, db_root: str | None) -> HostModel:
+        root = Path(db_root) if db_root and "://" not in db_root else Path(self.db.root)
+        p = root / self.gpu.name / "calibration.json"
+        return HostModel.load(p) if p.exists() else HostModel()
+
+    def _comm_table(self) -> list[dict[str, Any]]:
+        try:
+            return self.db.sql("SELECT * FROM comm").to_pylist()
+        except Exception:
+            return []
+
+    def predict(self, req: PredictRequest, graph: Graph | None = None, with_ops: bool = False) -> Prediction:
+        return self.assemble(req, graph, with_ops).run()
+
+    def assemble(self, req: PredictRequest, graph: Graph | None = None, with_ops: bool = False) -> _Assemble:
+        """The raw material of a prediction, to evaluate under several host models (calibration)."""
+        par = req.parallel
+        try:
+            par.validate()
+        except PlanError as e:
+            raise PredictError(str(e)) from None
+        if req.optimizer not in OPTIMIZERS:
+            raise PredictError(f"unknown optimizer {req.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        g = graph or graph_for(req)
+        comp = Composer(g, SETTINGS[Setting(g.meta.setting)].allow_tf32)
+        try:
+            stages = comp.stages(par)
+        except PlanError as e:
+            raise PredictError(str(e)) from None
+        return _Assemble(self, req, g, comp, stages, par, with_ops)
+
+
+@dataclass
+class Segment:
+    """A stretch of operators as raw, host-model-free arrays (calibration re-times them quickly)."""
+
+    items: list[Item]
+    cold: np.ndarray
+    warm: np.ndarray
+    comm_us: np.ndarray
+    is_comm: np.ndarray
+    phase: np.ndarray  # 0 fwd, 1 bwd, 2 opt
+    tensors: np.ndarray  # tensors in a multi-tensor call (0 otherwise)
+    sync: np.ndarray
+    sources: list[Source]
+
+    def times(self, host: HostModel) -> tuple[np.ndarray, np.ndarray]:
+        g = np.where(self.is_comm, self.comm_us, self.warm + host.beta * (self.cold - self.warm))
+        h = np.choose(self.phase, [host.fwd_us, host.bwd_us, host.opt_us]) + host.per_tensor_us * self.tensors
+        return g, h
+
+
+_PHASE_CODE = {Phase.FWD: 0, Phase.BWD: 1, Phase.OPT: 2}
+
+
+class _Assemble:
+    """A prediction's raw material (per stage: operator arrays) and its evaluation under a host model."""
+
+    def __init__(self, eng: Engine, req: PredictRequest, g: Graph, comp: Composer, stages: list[StageWork],
+                 par: Parallel, with_ops: bool) -> None:
+        self.eng, self.req, self.g, self.comp, self.stages, self.par = eng, req, g, comp, stages, par
+        self.with_ops = with_ops
+        self.warnings: list[str] = []
+        est = self._estimates()
+        self.raw = []
+        for st in stages:
+            ddp_bwd = [it for it in st.ddp if it.phase == Phase.BWD]
+            ddp_opt = [it for it in st.ddp if it.phase == Phase.OPT]
+            self.raw.append({"fwd": self._segment(st.fwd, est), "bwd": self._segment(st.bwd, est),
+                             "opt": self._segment(ddp_opt + st.opt, est), "accum": self._segment(st.accum, est),
+                             "ddp": self._segment(ddp_bwd, est)})
+
+    # -- per-item raw costs -------------------------------------------------------------------
+    def _estimates(self) -> dict[str, Estimate]:
+        qs: dict[str, Query] = {}
+        for s in self.stages:
+            for it in (*s.fwd, *s.bwd, *s.opt, *s.accum, *s.ddp):
+                if not it.call.op.startswith("comm.") and it.key not in qs:
+                    qs[it.key] = Query(it.key, it.call.op, it.info)
+        return self.eng.latency.estimate(list(qs.values()))
+
+    def _comm_us(self, it: Item) -> tuple[float, Source]:
+        t = next(iter(it.call.tensors()))
+        kind = it.call.op.split(".", 1)[1]
+        e = self.eng.comm.estimate(kind, float(t.nbytes), self.par.tp)
+        return e.us, e.source
+
+    def _segment(self, items: list[Item], est: dict[str, Estimate]) -> Segment:
+        n = len(items)
+        cold, warm, comm_us = np.zeros(n), np.zeros(n), np.zeros(n)
+        is_comm, sync = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        phase, tensors = np.zeros(n, dtype=np.int64), np.zeros(n)
+        srcs: list[Source] = []
+        cache: dict[tuple[str, Phase], tuple[float, float, float, bool, int, float, bool, Source]] = {}
+        for i, it in enumerate(items):
+            c = cache.get((it.key, it.phase))
+            if c is None:
+                if it.call.op.startswith("comm."):
+                    us, src = self._comm_us(it)
+                    row = (0.0, 0.0, us, True, src)
+                else:
+                    e = est[it.key]
+                    row = (e.cold_us, e.warm_us, 0.0, False, e.source)
+                multi = it.info.family == Family.FOREACH or it.call.op.startswith("aten._foreach")
+                nt = float(sum(1 for _ in it.call.tensors())) if multi else 0.0
+                syncs = it.call.op in SYNC_OPS and not it.call.on_host_only()
+                c = (row[0], row[1], row[2], row[3], _PHASE_CODE[it.phase], nt, syncs, row[4])
+                cache[(it.key, it.phase)] = c
+            cold[i], warm[i], comm_us[i], is_comm[i], phase[i], tensors[i], sync[i], src = c
+            srcs.append(src)
+        return Segment(items, cold, warm, comm_us, is_comm, phase, tensors, sync, srcs)
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def _stage_times(self, raw: dict[str, Segment], host: HostModel) -> dict[str, float]:
+        gf, hf = raw["fwd"].times(host)
+        gb, hb = raw["bwd"].times(host)
+        fb = simulate(np.concatenate([gf, gb]), np.concatenate([hf, hb]),
+                      np.concatenate([raw["fwd"].sync, raw["bwd"].sync]))
+        share_f = (gf.sum() + hf.sum() + 1e-9) / (gf.sum() + gb.sum() + hf.sum() + hb.sum() + 1e-9)
+        go, ho = raw["opt"].times(host)
+        so = simulate(go, ho, raw["opt"].sync)
+        ga, _ = raw["accum"].times(host)
+        gd, _ = raw["ddp"].times(host)
+        return {
+            "fwd_us": fb.elapsed_us * share_f, "bwd_us": fb.elapsed_us * (1 - share_f),
+            "fwd_gpu_us": float(gf[~raw["fwd"].is_comm].sum()), "bwd_gpu_us": float(gb[~raw["bwd"].is_comm].sum()),
+            "tp_comm_us": float(gf[raw["fwd"].is_comm].sum() + gb[raw["bwd"].is_comm].sum()),
+            "opt_us": so.elapsed_us, "opt_gpu_us": so.gpu_us, "accum_us": float(ga.sum()), "ddp_us": float(gd.sum()),
+        }
+
+    def evaluate(self, host: HostModel) -> tuple[float, dict[str, float], list[dict[str, float]], int]:
+        """Iteration time (us), breakdown (ms), per-stage times and the critical stage."""
+        par, m = self.par, self.par.micro_batches
+        per_stage = [self._stage_times(r, host) for r in self.raw]
+        p2p = self.eng.comm.estimate("send_recv", self._p2p_bytes(), 2, spans_hosts=par.tp * par.dp >= 8).us \
+            if par.pp > 1 else 0.0
+        cost = [r["fwd_us"] + r["bwd_us"] + 2 * p2p for r in per_stage]
+        crit = int(np.argmax(cost))
+        c = per_stage[crit]
+        pipe = sum(cost) + (m - 1) * max(cost) if par.pp > 1 else m * cost[0]
+        fwd_compute = m * c["fwd_gpu_us"]
+        bwd_compute = m * c["bwd_gpu_us"]
+        tp_comm = m * c["tp_comm_us"]
+        host_fb = m * (c["fwd_us"] + c["bwd_us"] - c["fwd_gpu_us"] - c["bwd_gpu_us"] - c["tp_comm_us"])
+        pp_comm = (2 * m * p2p + 2 * (par.pp - 1) * p2p) if par.pp > 1 else 0.0
+        bubble = max(pipe - (fwd_compute + bwd_compute + tp_comm + host_fb + 2 * m * p2p), 0.0) if par.pp > 1 else 0.0
+        accum = (m - 1) * c["accum_us"]
+        dp_exposed = self._dp_comm_us(self.stages[crit], c["bwd_us"])
+        opt_gpu = max(r["opt_gpu_us"] for r in per_stage)
+        opt_host = max(r["opt_us"] for r in per_stage) - opt_gpu
+        host_total = host_fb + opt_host + host.per_iteration_us
+        breakdown = {
+            "forward_ms": fwd_compute / 1e3,
+            "backward_ms": (bwd_compute + accum + c["ddp_us"]) / 1e3,
+            "optimizer_ms": opt_gpu / 1e3,
+            "tp_comm_ms": tp_comm / 1e3,
+            "pp_comm_ms": pp_comm / 1e3,
+            "dp_comm_ms": dp_exposed / 1e3,
+            "pipeline_bubble_ms": bubble / 1e3,
+            "host_overhead_ms": host_total / 1e3,
+        }
+        breakdown = {k: float(v) for k, v in breakdown.items()}
+        return sum(breakdown.values()) * 1e3, breakdown, per_stage, crit
+
+    def run(self, host: HostModel | None = None) -> Prediction:
+        host = host or self.eng.host
+        par = self.par
+        total_us, breakdown, per_stage, crit = self.evaluate(host)
+        m = par.micro_batches
+        source_time: dict[str, float] = defaultdict(float)
+        op_rows: dict[tuple[str, str], list[Any]] = {}
+        raw = self.raw[crit]
+        for name, mult in (("fwd", m), ("bwd", m), ("opt", 1), ("accum", max(m - 1, 0)), ("ddp", 1)):
+            seg = raw[name]
+            g, _ = seg.times(host)
+            for it, t, src in zip(seg.items, g, seg.sources, strict=True):
+                source_time[str(src)] += float(t) * mult
+                if self.with_ops:
+                    row = op_rows.setdefault((it.phase.value, it.key), [it, 0, float(t), str(src)])
+                    row[1] += mult
+        mems = [stage_memory(self.g, s, par, self.req.optimizer, self.eng.gpu) for s in self.stages]
+        mem = max(mems, key=lambda x: x.peak_bytes)
+        fits = all(x.fits for x in mems)
+        if not fits:
+            self.warnings.append(f"does not fit: peak {mem.peak_bytes / 2**30:.1f} GiB on stage "
+                                 f"{mems.index(mem)} > {mem.capacity_bytes / 2**30:.1f} GiB usable")
+        total_src = sum(source_time.values()) or 1.0
+        sources = {k: v / total_src for k, v in sorted(source_time.items())}
+        for k in ("exact", "interpolated", "extrapolated", "miss"):
+            sources.setdefault(k, 0.0)
+        if sources.get("miss", 0) > 0.001:
+            self.warnings.append(f"{sources['miss']:.1%} of the time comes from operators with no comparable "
+                                 "measurement (roofline estimate)")
+        if sources.get("extrapolated", 0) > 0.1:
+            self.warnings.append(f"{sources['extrapolated']:.1%} of the time is extrapolated beyond measured shapes")
+        if par.gpus > 1 and not self.eng.comm.table:
+            self.warnings.append(f"no measured collectives for {self.eng.gpu.name}: communication uses the "
+                                 f"alpha-beta model (NVLink {self.eng.gpu.nvlink_bytes_per_s / 1e9:.0f} GB/s, "
+                                 f"IB {self.eng.gpu.ib_bytes_per_s / 1e9:.0f} GB/s per GPU)")
+        if self.req.strict and (sources.get("extrapolated", 0) > 0 or sources.get("miss", 0) > 0):
+            raise PredictError(f"--strict: {sources['extrapolated'] + sources['miss']:.1%} of the time would come "
+                               "from extrapolation or misses")
+        tokens = (self.req.global_batch or par.dp * par.micro_batch) * self.g.meta.seq_len
+        return Prediction(
+            iteration_ms=total_us / 1e3, breakdown=breakdown, peak_memory_gib=mem.peak_bytes / 2**30, fits=fits,
+            memory={"weights_gib": mem.weights_bytes / 2**30, "grads_gib": mem.grads_bytes / 2**30,
+                    "optimizer_gib": mem.optimizer_bytes / 2**30, "activations_gib": mem.activations_bytes / 2**30,
+                    "transient_gib": mem.transient_bytes / 2**30, "buffers_gib": mem.buffers_bytes / 2**30,
+                    "capacity_gib": mem.capacity_bytes / 2**30, "margin_gib": mem.margin_bytes / 2**30},
+            sources=sources, warnings=self.warnings, config=self._config(host),
+            tokens_per_s=tokens / (total_us / 1e6),
+            stages=[{"stage": s.index, "layers": s.layers, "fwd_ms": r["fwd_us"] / 1e3, "bwd_ms": r["bwd_us"] / 1e3,
+                     "opt_ms": r["opt_us"] / 1e3, "peak_memory_gib": mm.peak_bytes / 2**30}
+                    for s, r, mm in zip(self.stages, per_stage, mems, strict=True)],
+            ops=self._op_rows(op_rows) if self.with_ops else [],
+        )
+
+    def _p2p_bytes(self) -> float:
+        spec = self.g.meta.model
+        act_dt = DType.FP32 if SETTINGS[Setting(self.g.meta.setting)].param_dtype == DType.FP32 and \
+            SETTINGS[Setting(self.g.meta.setting)].autocast_dtype is None else DType.BF16
+        if SETTINGS[Setting(self.g.meta.setting)].autocast_dtype is not None:
+            act_dt = DType.FP32  # the residual stream stays fp32 under autocast with fp32 weights
+        seq = self.g.meta.seq_len // (self.par.tp if self.par.sequence_parallel else 1)
+        return float(self.g.meta.micro_batch * seq * int(spec.get("hidden_size", 0)) * act_dt.itemsize)
+
+    def _dp_comm_us(self, s: StageWork, bwd_us: float) -> float:
+        par = self.par
+        if par.dp <= 1:
+            return 0.0
+        gbytes = sum(p.numel * DType(p.dtype).itemsize for p in s.params)
+        spans = par.tp * par.dp > 8
+        if par.zero == 0:
+            t = self.eng.comm.estimate("all_reduce", gbytes, par.dp, spans).us
+            last = self.eng.comm.estimate("all_reduce", min(gbytes, 25 * 2**20), par.dp, spans).us
+            return max(last, t - 0.9 * bwd_us)
+        rs = self.eng.comm.estimate("reduce_scatter", gbytes, par.dp, spans).us
+        ag = self.eng.comm.estimate("all_gather", gbytes, par.dp, spans).us
+        if par.zero < 3:
+            return max(0.0, rs - 0.9 * bwd_us) + ag
+        m = par.micro_batches
+        return m * (max(0.0, ag - 0.9 * bwd_us / 2) + max(0.0, ag + rs - 0.9 * bwd_us / 2))
+
+    def _config(self, host: HostModel) -> dict[str, Any]:
+        r, par = self.req, self.par
+        return {"model": r.model_name, "gpu": self.eng.gpu.name, "precision": self.g.meta.setting, "dp": par.dp,
+                "tp": par.tp, "pp": par.pp, "micro_batch": par.micro_batch,
+                "global_batch": r.global_batch or par.dp * par.micro_batch, "micro_batches": par.micro_batches,
+                "seq_len": self.g.meta.seq_len, "optimizer": r.optimizer, "sequence_parallel": par.sequence_parallel,
+                "zero": par.zero, "recompute": "full" if par.recompute else "none", "gpus": par.gpus,
+                "layers": self.g.meta.model.get("num_layers"), "host_model": asdict(host)}
+
+    def _op_rows(self, rows: dict[tuple[str, str], list[Any]]) -> list[OpRow]:
+        out = []
+        for (phase, _), (it, count, us, src) in rows.items():
+            shapes = " ".join("x".join(map(str, t.shape)) + f":{t.dtype}" for t in it.call.tensors()
+                              if isinstance(t, TensorSpec))[:120]
+            out.append(OpRow(phase, it.call.op, it.info.kind, str(it.info.precision), shapes, count, us,
+                             us * count / 1e3, src))
+        out.sort(key=lambda r: -r.total_ms)
+        return out
+
+
+def predict(req: PredictRequest, with_ops: bool = False) -> Prediction:
+    """The Python API: one prediction with a fresh engine."""
+    return Engine(req.gpu, req.db_root).predict(req, with_ops=with_ops)

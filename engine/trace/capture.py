@@ -1,0 +1,493 @@
+"""Capture the training graph CUDA would run, on a CPU, with fake tensors.
+
+FakeTensorMode on CPU tensors (no memory), the stock autograd engine, CUDA's autocast policy
+(autocast_cuda.py), CUDA's SDPA and dropout choices (cuda_composites.py), and a TorchDispatchMode that records
+every aten operator with its arguments, its phase and its section (embed / layer i / head / optim).
+Backward operators are attributed through the autograd node that runs them: its sequence number
+maps back to the forward section that created it. The recorder also tracks live storage bytes the
+way the caching allocator counts them, which gives the memory profile of the step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from tp_query.engine.graph import Graph, GraphMeta, MemoryProfile, OpRecord, ParamRecord, Phase, Section
+from tp_query.schema.model_config import ModelSpec
+from tp_query.schema.precision import SETTINGS, Setting
+from tp_query.schema.signature import OpCall, TensorSpec
+
+from . import autocast_cuda
+from . import cuda_composites as sdpa
+from .models import COMM_SINK, Shard, build_model
+from .torchargs import dtype_of, encode_call, torch_dtype
+
+_ACC_GRAD_SEQ = 2**64 - 1
+BLOCK = 512  # the caching allocator rounds every block to 512 bytes
+OPTIMIZERS = ("adamw", "adamw_fused", "sgd")
+
+
+def rounded(nbytes: int) -> int:
+    return max(BLOCK, math.ceil(nbytes / BLOCK) * BLOCK) if nbytes > 0 else 0
+
+
+class TraceError(ValueError):
+    """The model cannot be traced as asked (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    spec: ModelSpec
+    setting: Setting
+    micro_batch: int
+    seq_len: int
+    tp: int = 1
+    sequence_parallel: bool = False
+    recompute: bool = False
+    optimizer: str = "adamw"
+    traced_layers: int = 2
+
+
+def make_optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer a CUDA user gets: AdamW/SGD default to the foreach implementation on CUDA."""
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    if kind == "adamw_fused":
+        return torch.optim.AdamW(params, lr=1e-4, fused=True)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, foreach=True)
+    raise TraceError(f"unknown optimizer {kind!r}; choose from {', '.join(OPTIMIZERS)}")
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _cuda_layer_norm_stats(args: tuple[Any, ...], out: Any) -> Any:
+    """CUDA's layer norm keeps mean/rstd in fp32 for half inputs; a fake CPU tensor would not."""
+    if args[0].dtype in _HALF:
+        return (out[0], out[1].float(), out[2].float())
+    return out
+
+
+# Outputs that live on the host in a real CUDA run (philox seeds of the efficient kernel,
+# constants lifted from torch.tensor(...) with no device).
+HOST_OUTPUTS: dict[str, tuple[int, ...]] = {
+    "aten._scaled_dot_product_efficient_attention.default": (2, 3),
+    "aten.lift_fresh.default": (0,),
+}
+
+# Where a CPU fake kernel's outputs differ from what the CUDA kernel returns.
+CUDA_OUTPUT_FIXUPS: dict[str, Callable[[tuple[Any, ...], Any], Any]] = {
+    "aten.native_layer_norm.default": _cuda_layer_norm_stats,
+}
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, cap: _Capture | None) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        fix = CUDA_OUTPUT_FIXUPS.get(str(func))
+        if fix is not None:
+            out = fix(args, out)
+        if self.cap is None:
+            return out
+        name = str(func)
+        if self.cap.active and name.startswith("aten."):
+            self.cap.on_op(func, args, kwargs, out)
+        return out
+
+
+class _HostSet:
+    """Tensors that live on the host in a real run, by identity (ids are reused after a free)."""
+
+    def __init__(self, tensors: list[torch.Tensor] = ()) -> None:  # type: ignore[assignment]
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+        for t in tensors:
+            self.add(t)
+
+    def add(self, t: torch.Tensor) -> None:
+        self._refs[id(t)] = weakref.ref(t)
+
+    def __contains__(self, t: object) -> bool:
+        r = self._refs.get(id(t))
+        return r is not None and r() is t
+
+
+class _Capture:
+    """State of one recording: ops, sections, live bytes."""
+
+    def __init__(self, host_ids: _HostSet, param_section: dict[int, tuple[Section, int]]) -> None:
+        self.active = False
+        self.phase = Phase.FWD
+        self.section = Section.EMBED
+        self.layer = -1
+        self.host_ids = host_ids
+        self.param_section = param_section
+        self.records: list[OpRecord] = []
+        self.seq_marks: list[int] = []
+        self.seq_sections: list[tuple[Section, int]] = []
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[int, int] = {}
+        self.marks: dict[str, int] = {}
+        self.window_peak: dict[str, int] = {}
+        self._windows: set[str] = set()
+
+    # -- sections ----------------------------------------------------------------------------
+    def enter(self, section: Section, layer: int = -1) -> None:
+        if self.phase != Phase.FWD:
+            return  # recomputation during backward re-runs forward hooks: keep backward attribution
+        self.section, self.layer = section, layer
+        self.seq_marks.append(torch._C._autograd._get_sequence_nr())
+        self.seq_sections.append((section, layer))
+
+    def enter_head(self) -> None:
+        self.enter(Section.HEAD)
+        self.open_window("head")
+
+    def _backward_section(self) -> tuple[Section, int]:
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return Section.HEAD, -1
+        seq = node._sequence_nr()
+        if seq == _ACC_GRAD_SEQ:
+            var = getattr(node, "variable", None)
+            if var is not None and id(var) in self.param_section:
+                return self.param_section[id(var)]
+            return Section.HEAD, -1
+        i = bisect.bisect_right(self.seq_marks, seq) - 1
+        return self.seq_sections[i] if i >= 0 else (Section.EMBED, -1)
+
+    # -- memory -------------------------------------------------------------------------------
+    def _free(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+    def track(self, t: torch.Tensor) -> int:
+        if t in self.host_ids:
+            return 0
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self._sizes:
+            return 0
+        n = rounded(st.nbytes())
+        self._sizes[key] = n
+        weakref.finalize(st, self._free, key)
+        self.live += n
+        if self.live > self.peak:
+            self.peak = self.live
+        for w in self._windows:
+            self.window_peak[w] = max(self.window_peak.get(w, 0), self.live)
+        return n
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = self.live
+
+    def open_window(self, name: str) -> None:
+        self._windows.add(name)
+        self.window_peak[name] = self.live
+
+    def close_window(self, name: str) -> None:
+        self._windows.discard(name)
+
+    # -- ops ----------------------------------------------------------------------------------
+    def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if self.phase == Phase.BWD:
+            section, layer = self._backward_section()
+        elif self.phase == Phase.OPT:
+            section, layer = Section.OPTIM, -1
+        else:
+            section, layer = self.section, self.layer
+        name = str(func)
+        if name == "aten.lift_fresh.default":
+            self.host_ids.add(args[0])
+        call = encode_call(func, args, kwargs, lambda t: t in self.host_ids)
+        for i in HOST_OUTPUTS.get(name, ()):
+            outs = out if isinstance(out, tuple | list) else (out,)
+            if i < len(outs) and isinstance(outs[i], torch.Tensor):
+                self.host_ids.add(outs[i])
+        alloc = 0
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                alloc += self.track(t)
+        self.records.append(OpRecord(call.op, call.to_json_str(), self.phase, section, layer, alloc))
+        if self.phase == Phase.BWD and section == Section.LAYER:
+            key = f"bwd_layer{layer}"
+            if key not in self.marks:
+                self.marks[key] = self.live - alloc
+                self.open_window(key)
+            for w in list(self._windows):
+                if w.startswith("bwd_layer") and w != key:
+                    self.close_window(w)
+
+    def comm(self, kind: str, t: torch.Tensor, group: str) -> None:
+        if not self.active:
+            return
+        if kind == "sync":
+            self.sync(self.section, torch.bool)
+            return
+        spec = TensorSpec(tuple(int(x) for x in t.shape), dtype_of(t.dtype))
+        call = OpCall(f"comm.{kind}", (spec,), (("group", group),))
+        section, layer = (self._backward_section() if self.phase == Phase.BWD else (self.section, self.layer))
+        self.records.append(OpRecord(call.op, call.to_json_str(), self.phase, section, layer, 0))
+
+    def sync(self, section: Section = Section.OPTIM, dtype: torch.dtype = torch.float32) -> None:
+        """A host synchronisation the fake run cannot perform (GradScaler's found_inf.item(), HF's
+        packed-sequence check)."""
+        call = OpCall("aten._local_scalar_dense.default", (TensorSpec((), dtype_of(dtype)),))
+        self.records.append(OpRecord(call.op, call.to_json_str(), self.phase, section, -1, 0))
+
+
+def _construct(factory: Callable[[], torch.nn.Module], dtype: torch.dtype) -> torch.nn.Module:
+    """Build under a default dtype, as transformers' from_config(dtype=...) does: parameters take
+    the dtype, buffers computed in an explicit dtype (rotary inv_freq) keep theirs."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = factory()
+    finally:
+        torch.set_default_dtype(prev)
+    model.train()
+    return model
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        st = t.untyped_storage()
+        if id(st) not in seen:
+            seen.add(id(st))
+            total += rounded(st.nbytes())
+    return total
+
+
+def _validate(req: TraceRequest) -> None:
+    s = req.spec
+    if req.micro_batch <= 0 or req.seq_len <= 0:
+        raise TraceError("micro-batch and sequence length must be positive")
+    if req.tp <= 0:
+        raise TraceError("TP must be positive")
+    for what, n in (("attention heads", s.num_heads), ("KV heads", s.num_kv_heads),
+                    ("FFN size", s.intermediate_size), ("vocab size", s.vocab_size)):
+        if n % req.tp:
+            hint = " (pad vocab_size to a multiple of TP, as Megatron-LM does)" if what == "vocab size" else ""
+            raise TraceError(f"TP={req.tp} does not divide the {what} ({n}){hint}")
+    if req.sequence_parallel and req.seq_len % req.tp:
+        raise TraceError(f"sequence parallelism needs seq-len ({req.seq_len}) divisible by TP={req.tp}")
+    if req.seq_len > s.max_position_embeddings and s.family.value == "gpt2":
+        raise TraceError(f"seq-len {req.seq_len} exceeds GPT-2's n_positions ({s.max_position_embeddings})")
+    if req.optimizer not in OPTIMIZERS:
+        raise TraceError(f"unknown optimizer {req.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+
+
+def trace_config(req: TraceRequest) -> Graph:
+    """Trace one micro-batch's forward+backward and one optimizer step of `req.traced_layers` layers."""
+    _validate(req)
+    autocast_cuda.install()
+    sdpa.install()
+    st = SETTINGS[req.setting]
+    t0 = time.perf_counter()
+    spec_t = req.spec.with_layers(req.traced_layers)
+    shard = Shard(req.tp, req.sequence_parallel and req.tp > 1, req.recompute)
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        model = _construct(lambda: build_model(spec_t, shard), torch_dtype(st.param_dtype))
+        params = [p for p in model.parameters()]
+        opt = make_optimizer(req.optimizer, params)
+        scaler = torch.amp.GradScaler("cpu") if st.grad_scaler else None
+        ac_dtype = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
+        input_ids = torch.randint(0, req.spec.vocab_size, (req.micro_batch, req.seq_len))
+        labels = input_ids
+
+        param_section: dict[int, tuple[Section, int]] = {}
+        records_params: list[ParamRecord] = []
+        for name, p in model.named_parameters():
+            if name.startswith("layers."):
+                sec, li = Section.LAYER, int(name.split(".")[1])
+            elif name.startswith("embed."):
+                sec, li = Section.EMBED, -1
+            else:
+                sec, li = Section.HEAD, -1
+            param_section[id(p)] = (sec, li)
+            records_params.append(ParamRecord(name, tuple(p.shape), str(dtype_of(p.dtype)), sec, li))
+
+        def step(cap: _Capture | None) -> None:
+            if cap:
+                cap.phase = Phase.FWD
+                cap.enter(Section.EMBED)
+            with autocast_cuda.cuda_autocast(ac_dtype):
+                loss = model(input_ids, labels)
+            if cap:
+                cap.mark("fwd_end")
+                cap.phase = Phase.BWD
+            (scaler.scale(loss) if scaler else loss).backward()
+            del loss
+            if cap:
+                cap.close_window("head")
+                for w in list(cap._windows):
+                    cap.close_window(w)
+                cap.mark("bwd_end")
+                cap.phase = Phase.OPT
+                cap.open_window("opt")
+            if scaler:
+                scaler.unscale_(opt)
+                if cap:
+                    cap.sync()
+                opt.step()
+                scaler.update()
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            if cap:
+                cap.close_window("opt")
+
+        # One step unrecorded: optimizer state and the grad scaler exist in steady state.
+        with _Recorder(None):
+            step(None)
+        host_ids = _HostSet([s["step"] for s in opt.state.values()
+                             if isinstance(s.get("step"), torch.Tensor) and req.optimizer != "adamw_fused"])
+        cap = _Capture(host_ids, param_section)
+        static = _storage_bytes(params + [t for s in opt.state.values() for t in s.values()
+                                          if isinstance(t, torch.Tensor) and t not in host_ids])
+        if scaler is not None:
+            static += 2 * BLOCK
+
+        hooks = [model.embed.register_forward_pre_hook(lambda m, a: cap.enter(Section.EMBED)),
+                 model.embed.register_forward_hook(lambda m, a, o: cap.mark("embed_end")),
+                 model.head.register_forward_pre_hook(lambda m, a: cap.enter_head()),
+                 ]
+        for i, layer in enumerate(model.layers):
+            hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: cap.enter(Section.LAYER, i)))
+            hooks.append(layer.register_forward_hook(lambda m, a, o, i=i: cap.mark(f"layer{i}_end")))
+        COMM_SINK.append(cap.comm)
+        torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
+        try:
+            cap.active = True
+            with _Recorder(cap):
+                step(cap)
+            cap.active = False
+        finally:
+            COMM_SINK.remove(cap.comm)
+            torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+            for h in hooks:
+                h.remove()
+
+    grad_bytes = sum(rounded(p.numel * torch_dtype(p.dtype).itemsize) for p in records_params
+                     if not _is_tied_dup(p, records_params, req.spec))
+    mem = _memory_profile(cap, static, grad_bytes, req.traced_layers)
+    meta = GraphMeta(
+        source="config", model=req.spec.to_dict(), setting=req.setting.value, micro_batch=req.micro_batch,
+        seq_len=req.seq_len, tp=req.tp, sequence_parallel=shard.sequence_parallel, recompute=req.recompute,
+        optimizer=req.optimizer, traced_layers=req.traced_layers, torch_version=torch.__version__,
+        sdpa_policy=sdpa.POLICY_ID, extra={"trace_s": round(time.perf_counter() - t0, 3)},
+    )
+    return Graph(meta, tuple(cap.records), tuple(records_params), mem)
+
+
+def _is_tied_dup(p: ParamRecord, all_params: list[ParamRecord], spec: ModelSpec) -> bool:
+    return spec.tie_word_embeddings and p.name == "head.lm_head.weight"
+
+
+def _memory_profile(cap: _Capture, static: int, grad_bytes: int, n_layers: int) -> MemoryProfile:
+    m = cap.marks
+    embed_end = m.get("embed_end", 0)
+    last = m.get(f"layer{n_layers - 1}_end", embed_end)
+    prev = m.get(f"layer{n_layers - 2}_end", embed_end) if n_layers >= 2 else embed_end
+    layer_act = max(last - prev, 0)
+    head_peak = max(cap.window_peak.get("head", last) - last, 0)
+    li = n_layers - 1
+    start = m.get(f"bwd_layer{li}", 0)
+    layer_bwd = max(cap.window_peak.get(f"bwd_layer{li}", start) - start, 0)
+    opt_base = m.get("bwd_end", 0)
+    opt_peak = max(cap.window_peak.get("opt", opt_base) - opt_base, 0)
+    return MemoryProfile(
+        static_bytes=static, embed_act_bytes=embed_end, layer_act_bytes=layer_act, head_peak_bytes=head_peak,
+        layer_bwd_transient_bytes=layer_bwd, grad_bytes=grad_bytes, opt_peak_bytes=opt_peak,
+        traced_peak_bytes=static + cap.peak, fwd_end_bytes=m.get("fwd_end", 0),
+    )
+
+
+def trace_module(factory: Callable[[], torch.nn.Module], make_inputs: Callable[[torch.nn.Module], tuple[Any, ...]],
+                 setting: Setting, optimizer: str = "adamw", name: str = "module") -> Graph:
+    """Trace a user's nn.Module whose forward returns a scalar loss (or an object with .loss)."""
+    autocast_cuda.install()
+    sdpa.install()
+    st = SETTINGS[setting]
+    with FakeTensorMode():
+        model = _construct(factory, torch_dtype(st.param_dtype))
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise TraceError("the module has no trainable parameters")
+        opt = make_optimizer(optimizer, params)
+        scaler = torch.amp.GradScaler("cpu") if st.grad_scaler else None
+        ac_dtype = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
+        inputs = make_inputs(model)
+        param_section = {id(p): (Section.BODY, -1) for p in params}
+        recs = [ParamRecord(n, tuple(p.shape), str(dtype_of(p.dtype)), Section.BODY) for n, p in model.named_parameters()
+                if p.requires_grad]
+
+        def step(cap: _Capture | None) -> None:
+            if cap:
+                cap.phase = Phase.FWD
+                cap.enter(Section.BODY)
+            with autocast_cuda.cuda_autocast(ac_dtype):
+                out = model(*inputs)
+            loss = getattr(out, "loss", out)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise TraceError("the module's forward must return a scalar loss (or an object with .loss)")
+            if cap:
+                cap.mark("fwd_end")
+                cap.phase = Phase.BWD
+            (scaler.scale(loss) if scaler else loss).backward()
+            if cap:
+                cap.mark("bwd_end")
+                cap.phase = Phase.OPT
+                cap.open_window("opt")
+            if scaler:
+                scaler.unscale_(opt)
+                if cap:
+                    cap.sync()
+                opt.step()
+                scaler.update()
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            if cap:
+                cap.close_window("opt")
+
+        with _Recorder(None):
+            step(None)
+        host_ids = _HostSet([s["step"] for s in opt.state.values()
+                             if isinstance(s.get("step"), torch.Tensor) and optimizer != "adamw_fused"])
+        cap = _Capture(host_ids, param_section)
+        static = _storage_bytes(params + [t for s in opt.state.values() for t in s.values()
+                                          if isinstance(t, torch.Tensor) and t not in host_ids])
+        cap.active = True
+        with _Recorder(cap):
+            step(cap)
+        cap.active = False
+    grad_bytes = sum(rounded(p.numel * torch_dtype(p.dtype).itemsize) for p in recs)
+    fwd_end = cap.marks.get("fwd_end", 0)
+    mem = MemoryProfile(static_bytes=static, embed_act_bytes=fwd_end, layer_act_bytes=0, head_peak_bytes=0,
+                        layer_bwd_transient_bytes=0, grad_bytes=grad_bytes,
+                        opt_peak_bytes=max(cap.window_peak.get("opt", 0) - cap.marks.get("bwd_end", 0), 0),
+                        traced_peak_bytes=static + cap.peak, fwd_end_bytes=fwd_end)
+    meta = GraphMeta(source="module", model={"name": name}, setting=setting.value, micro_batch=0, seq_len=0, tp=1,
+                     sequence_parallel=False, recompute=False, optimizer=optimizer, traced_layers=0,
+                     torch_version=torch.__version__, sdpa_policy=sdpa.POLICY_ID,
+                     extra={"peak_bwd_bytes": static + cap.peak})
+    return Graph(meta, tuple(cap.records), tuple(recs), mem)

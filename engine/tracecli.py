@@ -1,0 +1,91 @@
+"""Loading what users hand to `tp-query trace` and `tp-query sigs` (needs torch)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from tp_query.schema.model_config import ConfigError, load_model_file, parse_config
+from tp_query.schema.ops import describe
+from tp_query.schema.precision import SETTINGS, Setting
+
+from .graph import Graph
+
+
+def _load_callable(ref: str) -> Callable[..., Any]:
+    if ":" not in ref:
+        raise ConfigError(f"expected path/to/file.py:function or package.module:function, got {ref!r}")
+    mod_ref, _, fn_name = ref.rpartition(":")
+    if mod_ref.endswith(".py") or "/" in mod_ref:
+        path = Path(mod_ref)
+        if not path.exists():
+            raise ConfigError(f"no such file: {path}")
+        spec = importlib.util.spec_from_file_location(f"_tpq_user_{path.stem}", path)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"cannot import {path}")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as e:
+            raise ConfigError(f"importing {path} failed: {type(e).__name__}: {e}") from None
+    else:
+        try:
+            mod = importlib.import_module(mod_ref)
+        except ImportError as e:
+            raise ConfigError(f"cannot import {mod_ref}: {e}") from None
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise ConfigError(f"{mod_ref} has no callable {fn_name!r}")
+    return fn
+
+
+def trace_target(target: str, inputs: str | None, setting: Setting, optimizer: str, seq_len: int, micro_batch: int,
+                 tp: int, sequence_parallel: bool, recompute: bool) -> Graph:
+    from .trace.capture import TraceError, TraceRequest, trace_config, trace_module
+
+    try:
+        if target.endswith(".json") or Path(target).is_dir():
+            spec = parse_config(load_model_file(target), Path(target).stem)
+            return trace_config(TraceRequest(spec, setting, micro_batch, seq_len, tp, sequence_parallel, recompute,
+                                             optimizer))
+        factory = _load_callable(target)
+        if inputs is None:
+            raise ConfigError("tracing a module needs --inputs file.py:make_inputs (a function of the model that "
+                              "returns the forward's positional arguments, created as ordinary CPU tensors)")
+        make_inputs = _load_callable(inputs)
+        return trace_module(factory, lambda m: tuple(make_inputs(m)), setting, optimizer,
+                            name=target.rpartition(":")[2])
+    except TraceError as e:
+        raise ConfigError(str(e)) from None
+
+
+def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], seqs: list[int], mbs: list[int],
+                      tps: list[int], layers: int | None) -> Iterable[tuple[str, str, bool]]:
+    """Every distinct operator call (with its TF32 mode) of the traced configs, optimizer included."""
+    from .trace.capture import TraceRequest, trace_config
+
+    for cfg in configs:
+        spec = parse_config(cfg)
+        if layers is not None:
+            spec = spec.with_layers(layers)
+        for s in settings:
+            tf32 = SETTINGS[s].allow_tf32
+            for seq in seqs:
+                for mb in mbs:
+                    for tp in tps:
+                        g = trace_config(TraceRequest(spec, s, mb, seq, tp, traced_layers=spec.num_layers))
+                        for o in g.ops:
+                            if o.op.startswith("comm."):
+                                continue
+                            yield o.op, o.sig, tf32 and describe_tf32(o.op, o.sig)
+
+
+def describe_tf32(op: str, sig: str) -> bool:
+    from tp_query.schema.signature import OpCall
+
+    return describe(OpCall.from_json_str(op, sig), True).math_mode == "tf32"

@@ -1,0 +1,279 @@
+"""Measured training iterations against predictions: calibration, the report, the baseline.
+
+Cases come from data/validation/ (written by `make validate` on a GPU). The host model (the only
+fitted constants: per-operator host costs and the L2 warm/cold blend) is fitted on the calibration
+split alone; the holdout split never touches a fitted constant and is reported separately. A
+precision-unaware baseline (one static precision profile for every setting) reproduces the gap
+the reference paper describes.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tp_query.schema.precision import Setting
+
+from .hostsim import HostModel
+from .predict import Engine, PredictError, PredictRequest
+
+
+@dataclass
+class CaseResult:
+    case_id: str
+    model: str
+    setting: str
+    split: str
+    micro_batch: int
+    seq_len: int
+    tp_shard: int
+    status: str
+    measured_ms: float | None
+    predicted_ms: float | None = None
+    breakdown: dict[str, float] = field(default_factory=dict)
+    measured_peak_gib: float | None = None
+    predicted_peak_gib: float | None = None
+    predicted_fits: bool | None = None
+    sources: dict[str, float] = field(default_factory=dict)
+    baselines: dict[str, float] = field(default_factory=dict)
+    kernel_ms: float | None = None
+    error: str = ""
+
+    @property
+    def ape(self) -> float | None:
+        if self.measured_ms and self.predicted_ms:
+            return abs(self.predicted_ms - self.measured_ms) / self.measured_ms
+        return None
+
+    @property
+    def signed(self) -> float | None:
+        if self.measured_ms and self.predicted_ms:
+            return (self.predicted_ms - self.measured_ms) / self.measured_ms
+        return None
+
+    @property
+    def mem_error(self) -> float | None:
+        if self.measured_peak_gib and self.predicted_peak_gib and self.status == "ok":
+            return (self.predicted_peak_gib - self.measured_peak_gib) / self.measured_peak_gib
+        return None
+
+    @property
+    def verdict_right(self) -> bool | None:
+        if self.predicted_fits is None or self.status not in ("ok", "oom"):
+            return None
+        return self.predicted_fits == (self.status == "ok")
+
+
+def load_rows(root: Path) -> list[dict[str, Any]]:
+    files = sorted(glob.glob(str(root / "validation-*.parquet")))
+    if not files:
+        return []
+    rows = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default").to_pylist()
+    latest: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        latest[r["case_id"]] = r
+    return list(latest.values())
+
+
+def _full_config(cfg: dict[str, Any], tp: int) -> dict[str, Any]:
+    if tp <= 1:
+        return cfg
+    return {**cfg, "num_attention_heads": cfg["num_attention_heads"] * tp,
+            "num_key_value_heads": cfg["num_key_value_heads"] * tp,
+            "intermediate_size": cfg["intermediate_size"] * tp, "vocab_size": cfg["vocab_size"] * tp}
+
+
+class Study:
+    """All validation cases, assembled once, evaluated under any host model."""
+
+    BASELINES = {"static-tf32": Setting.TF32, "static-bf16": Setting.BF16}
+
+    def __init__(self, engine: Engine, rows: list[dict[str, Any]], with_baselines: bool = True) -> None:
+        self.engine = engine
+        self.cases: list[CaseResult] = []
+        self.assembled: dict[str, Any] = {}
+        self.baseline_asm: dict[tuple[str, str], Any] = {}
+        for r in sorted(rows, key=lambda r: r["case_id"]):
+            cfg = _full_config(json.loads(r["config_json"]), int(r["tp_shard"] or 1))
+            c = CaseResult(r["case_id"], r["model"], r["setting"], r["split"], r["micro_batch"], r["seq_len"],
+                           int(r["tp_shard"] or 1), r["status"], r["iteration_ms"],
+                           measured_peak_gib=(r["peak_allocated_bytes"] or 0) / 2**30 or None,
+                           kernel_ms=r.get("kernel_ms"))
+            accum = int(r.get("accum") or 1)
+            req = PredictRequest(cfg, r["model"], engine.gpu.name, Setting(r["setting"]), tp=c.tp_shard,
+                                 micro_batch=r["micro_batch"], global_batch=r["micro_batch"] * accum,
+                                 seq_len=r["seq_len"], optimizer=r["optimizer"])
+            try:
+                self.assembled[c.case_id] = engine.assemble(req)
+                if with_baselines and c.status == "ok":
+                    for name, s in self.BASELINES.items():
+                        self.baseline_asm[(c.case_id, name)] = engine.assemble(replace(req, setting=s))
+            except PredictError as e:
+                c.error = str(e)
+            self.cases.append(c)
+
+    def _time(self, asm: Any, c: CaseResult, host: HostModel) -> float:
+        total_us, bd, _, _ = asm.evaluate(host)
+        if c.tp_shard > 1:  # a TP shard on one GPU: compare the compute part of the distributed prediction
+            total_us -= bd["tp_comm_ms"] * 1e3
+        return total_us / 1e3
+
+    def errors(self, host: HostModel, split: str | None) -> list[float]:
+        out = []
+        for c in self.cases:
+            if c.status != "ok" or c.case_id not in self.assembled or (split and c.split != split):
+                continue
+            pred = self._time(self.assembled[c.case_id], c, host)
+            out.append(math.log(pred / c.measured_ms))
+        return out
+
+    def fit(self, start: HostModel, iters: int = 400) -> HostModel:
+        """Nelder-Mead on the calibration split: mean squared log error (a relative error)."""
+        names = ["fwd_us", "bwd_us", "opt_us", "per_tensor_us", "per_iteration_us"]
+
+        def unpack(x: np.ndarray) -> HostModel:
+            vals = {n: float(math.exp(v)) for n, v in zip(names, x[:-1], strict=True)}
+            return HostModel(**vals, beta=float(1 / (1 + math.exp(-x[-1]))))
+
+        def loss(x: np.ndarray) -> float:
+            e = self.errors(unpack(x), "calibration")
+            return float(np.mean(np.square(e))) if e else 0.0
+
+        b = min(max(start.beta, 1e-3), 1 - 1e-3)
+        x0 = np.array([math.log(max(getattr(start, n), 1e-3)) for n in names] + [math.log(b / (1 - b))])
+        best = _nelder_mead(loss, x0, iters)
+        return unpack(best)
+
+    def finalize(self, host: HostModel) -> None:
+        for c in self.cases:
+            asm = self.assembled.get(c.case_id)
+            if asm is None:
+                continue
+            p = asm.run(host)
+            c.predicted_ms = self._time(asm, c, host)
+            c.breakdown = p.breakdown
+            c.predicted_peak_gib = p.peak_memory_gib
+            c.predicted_fits = p.fits
+            c.sources = p.sources
+            for name in self.BASELINES:
+                a = self.baseline_asm.get((c.case_id, name))
+                if a is not None:
+                    c.baselines[name] = self._time(a, c, host)
+
+
+def _nelder_mead(f: Any, x0: np.ndarray, iters: int) -> np.ndarray:
+    n = len(x0)
+    pts = [x0] + [x0 + np.eye(n)[i] * 0.5 for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        pts = [pts[i] for i in order]
+        vals = [vals[i] for i in order]
+        if abs(vals[-1] - vals[0]) < 1e-10:
+            break
+        centroid = np.mean(pts[:-1], axis=0)
+        xr = centroid + (centroid - pts[-1])
+        fr = f(xr)
+        if fr < vals[0]:
+            xe = centroid + 2 * (centroid - pts[-1])
+            fe = f(xe)
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (pts[-1] - centroid)
+            fc = f(xc)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = xc, fc
+            else:
+                pts = [pts[0]] + [pts[0] + 0.5 * (p - pts[0]) for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    return pts[int(np.argmin(vals))]
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------
+
+def _mape(cs: list[CaseResult], key: str | None = None) -> tuple[float, float, int]:
+    errs = []
+    for c in cs:
+        if c.status != "ok" or not c.measured_ms:
+            continue
+        pred = c.predicted_ms if key is None else c.baselines.get(key)
+        if pred:
+            errs.append(abs(pred - c.measured_ms) / c.measured_ms)
+    if not errs:
+        return float("nan"), float("nan"), 0
+    return statistics.mean(errs), max(errs), len(errs)
+
+
+def summary(cases: list[CaseResult]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for split in ("calibration", "holdout", None):
+        sel = [c for c in cases if split is None or c.split == split]
+        name = split or "all"
+        per = {}
+        for s in Setting:
+            m, mx, n = _mape([c for c in sel if c.setting == s.value])
+            per[s.value] = {"mape": m, "max": mx, "n": n}
+        m, mx, n = _mape(sel)
+        base = {k: _mape(sel, k)[0] for k in Study.BASELINES}
+        mem = [abs(c.mem_error) for c in sel if c.mem_error is not None]
+        verdicts = [c.verdict_right for c in sel if c.verdict_right is not None]
+        out[name] = {"mape": m, "max": mx, "n": n, "per_setting": per, "baselines": base,
+                     "memory_mape": statistics.mean(mem) if mem else float("nan"),
+                     "memory_max": max(mem) if mem else float("nan"),
+                     "verdicts_right": sum(verdicts), "verdicts": len(verdicts)}
+    return out
+
+
+def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, Any], plot_file: str,
+                    provenance: dict[str, Any]) -> str:
+    def pct(x: float) -> str:
+        return "n/a" if x != x else f"{100 * x:.1f}%"
+
+    L = ["# Validation: predictions against measured training iterations", "",
+         "Generated by `make report` (`tp-query report`) from the committed measurements in `data/validation/` "
+         "and the operator database in `data/h200/`. Do not edit by hand.", "",
+         f"GPU: {provenance.get('gpu_name', '?')} (driver {provenance.get('driver', '?')}, CUDA "
+         f"{provenance.get('cuda', '?')}, torch {provenance.get('torch', '?')}, cuDNN {provenance.get('cudnn', '?')}).",
+         "Each case is a real HuggingFace training iteration (forward with labels, loss, backward, AdamW step, "
+         "zero_grad; GradScaler under amp_fp16) timed with CUDA events over iterations after warm-up.", "",
+         "Host model fitted on the calibration split only: " + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items()),
+         "", "## Summary", "",
+         "| split | cases | MAPE | max APE | static-TF32 baseline | static-BF16 baseline | memory MAPE | fits/OOM right |",
+         "|---|---|---|---|---|---|---|---|"]
+    for split in ("calibration", "holdout", "all"):
+        s = summ[split]
+        L.append(f"| {split} | {s['n']} | {pct(s['mape'])} | {pct(s['max'])} | {pct(s['baselines']['static-tf32'])} "
+                 f"| {pct(s['baselines']['static-bf16'])} | {pct(s['memory_mape'])} | "
+                 f"{s['verdicts_right']}/{s['verdicts']} |")
+    L += ["", "## MAPE per precision setting", "", "| setting | calibration | holdout | all |", "|---|---|---|---|"]
+    for st in Setting:
+        row = [f"{pct(summ[sp]['per_setting'][st.value]['mape'])} (n={summ[sp]['per_setting'][st.value]['n']})"
+               for sp in ("calibration", "holdout", "all")]
+        L.append(f"| {st.value} | " + " | ".join(row) + " |")
+    L += ["", f"![predicted vs measured]({plot_file})", "", "## Cases", "",
+          "| case | split | measured ms | predicted ms | error | exact/interp/extrap/miss | peak GiB meas/pred | fits pred / measured |",
+          "|---|---|---|---|---|---|---|---|"]
+    for c in cases:
+        src = c.sources
+        srcs = "/".join(f"{100 * src.get(k, 0):.0f}" for k in ("exact", "interpolated", "extrapolated", "miss"))
+        meas = f"{c.measured_ms:.2f}" if c.measured_ms else c.status
+        pred = f"{c.predicted_ms:.2f}" if c.predicted_ms else (c.error or "-")
+        err = f"{100 * c.signed:+.1f}%" if c.signed is not None else "-"
+        mem = (f"{c.measured_peak_gib:.1f} / {c.predicted_peak_gib:.1f}" if c.measured_peak_gib and c.predicted_peak_gib
+               and c.status == "ok" else (f"- / {c.predicted_peak_gib:.1f}" if c.predicted_peak_gib else "-"))
+        fits = f"{'fits' if c.predicted_fits else 'OOM'} / {'fits' if c.status == 'ok' else c.status}" \
+            if c.predicted_fits is not None else "-"
+        L.append(f"| {c.case_id} | {c.split} | {meas} | {pred} | {err} | {srcs} | {mem} | {fits} |")
+    return "\n".join(L) + "\n"

@@ -1,0 +1,76 @@
+"""GPU types the project knows: names, capacity, roofline ceilings and interconnect figures.
+
+The ceilings are used only where the database has no measurement (roofline hold and structured
+misses) and for the alpha-beta communication model; everything measured wins over them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .precision import Precision
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str  # normalised key used for data/<name>/
+    nvml_names: tuple[str, ...]  # substrings of NVML's device name that identify it
+    memory_bytes: int
+    context_bytes: int  # CUDA context + cuBLAS/cuDNN workspaces outside the caching allocator
+    l2_bytes: int
+    hbm_bytes_per_s: float  # achievable copy bandwidth (read + write counted)
+    peak_flops: dict[Precision, float]  # achievable dense rates
+    nvlink_bytes_per_s: float  # per direction, per GPU
+    nvlink_latency_s: float
+    ib_bytes_per_s: float  # per GPU across hosts
+    ib_latency_s: float
+
+
+H200 = GpuSpec(
+    name="h200", nvml_names=("H200",), memory_bytes=143771 * 2**20, context_bytes=600 * 2**20,
+    l2_bytes=60 * 2**20, hbm_bytes_per_s=4.3e12,
+    peak_flops={Precision.FP32: 51e12, Precision.TF32: 377e12, Precision.FP16: 754e12, Precision.BF16: 776e12,
+                Precision.FP8: 1500e12, Precision.INT: 51e12},
+    nvlink_bytes_per_s=450e9, nvlink_latency_s=8e-6, ib_bytes_per_s=50e9, ib_latency_s=15e-6,
+)
+H100 = GpuSpec(
+    name="h100", nvml_names=("H100",), memory_bytes=81559 * 2**20, context_bytes=600 * 2**20,
+    l2_bytes=50 * 2**20, hbm_bytes_per_s=3.0e12,
+    peak_flops={Precision.FP32: 51e12, Precision.TF32: 377e12, Precision.FP16: 754e12, Precision.BF16: 776e12,
+                Precision.FP8: 1500e12, Precision.INT: 51e12},
+    nvlink_bytes_per_s=450e9, nvlink_latency_s=8e-6, ib_bytes_per_s=50e9, ib_latency_s=15e-6,
+)
+A100 = GpuSpec(
+    name="a100", nvml_names=("A100",), memory_bytes=81920 * 2**20, context_bytes=500 * 2**20,
+    l2_bytes=40 * 2**20, hbm_bytes_per_s=1.8e12,
+    peak_flops={Precision.FP32: 19e12, Precision.TF32: 140e12, Precision.FP16: 280e12, Precision.BF16: 280e12,
+                Precision.FP8: 280e12, Precision.INT: 19e12},
+    nvlink_bytes_per_s=300e9, nvlink_latency_s=10e-6, ib_bytes_per_s=25e9, ib_latency_s=15e-6,
+)
+# A CPU "GPU" for the collector's CPU mode (tests): figures are rough and only used for rooflines.
+CPU = GpuSpec(
+    name="cpu", nvml_names=(), memory_bytes=8 * 2**30, context_bytes=0, l2_bytes=2 * 2**20,
+    hbm_bytes_per_s=10e9, peak_flops={p: 50e9 for p in Precision},
+    nvlink_bytes_per_s=5e9, nvlink_latency_s=20e-6, ib_bytes_per_s=1e9, ib_latency_s=50e-6,
+)
+
+GPUS: dict[str, GpuSpec] = {g.name: g for g in (H200, H100, A100, CPU)}
+
+
+class UnknownGpu(ValueError):
+    pass
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    key = name.strip().lower()
+    if key not in GPUS:
+        raise UnknownGpu(f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))}")
+    return GPUS[key]
+
+
+def normalise_nvml_name(nvml_name: str) -> str | None:
+    """"NVIDIA H200" -> "h200"; None when the device is not one we know."""
+    for g in GPUS.values():
+        if any(s in nvml_name for s in g.nvml_names):
+            return g.name
+    return None

@@ -1,0 +1,981 @@
+"""The operator registry: every operator kind defined once.
+
+Like torch/utils/flop_counter.py, one table keyed by aten overload name. A kind says which family it
+interpolates in, how its features (the key columns used for interpolation) and its FLOP and byte
+counts follow from a call's shapes, how the collector must fill its inputs, and which shapes the
+generic campaign sweeps. The collector and the engine both read this module; it imports no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .precision import DType, Precision, op_precision
+from .signature import OpCall, Scalar, TensorSpec, contiguous_strides
+
+
+class Family(StrEnum):
+    """Interpolation families: points of one family share axes and a roofline."""
+
+    GEMM = "gemm"
+    ATTENTION = "attention"
+    ROWWISE = "rowwise"  # norms, softmax, losses: rows x cols
+    EMBEDDING = "embedding"
+    FOREACH = "foreach"  # optimizer and GradScaler multi-tensor ops
+    ELEMENTWISE = "elementwise"  # pointwise, reductions, copies, casts, cat: bytes moved
+    VIEW = "view"  # metadata only: no kernel
+    HOST = "host"  # runs on the CPU or only synchronises: no GPU time
+
+
+class InputRule(StrEnum):
+    """How the collector fills a call's inputs (beyond random floats)."""
+
+    RANDOM = "random"
+    FROM_FORWARD = "from_forward"  # attention backward: run the forward to get out/logsumexp/rng state
+
+
+@dataclass(frozen=True)
+class IndexArg:
+    """An integer tensor argument whose values must be valid indices: [0, bound)."""
+
+    arg: int
+    bound_arg: int  # argument that gives the bound
+    bound_dim: int | None = None  # dimension of that tensor argument; None: the argument is an int
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """How a family interpolates: `exact` features must match, `axes` are blended in log space."""
+
+    family: Family
+    axes: tuple[str, ...]
+    exact: tuple[str, ...]
+    collapse: str  # 1-D feature for scattered blending when grid corners are missing
+    # Blend in log space (power laws: GEMM, attention) or linear space (affine laws: bytes moved).
+    log_space: bool = True
+    # Categorical features derived from stored ones (applied alike to database rows and queries).
+    derive: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    def exact_key(self, feats: dict[str, Any]) -> tuple[Any, ...]:
+        f = {**feats, **(self.derive(feats) if self.derive else {})}
+        return tuple(f.get(x) for x in self.exact)
+
+
+def _gemm_alignment(f: dict[str, Any]) -> dict[str, Any]:
+    """cuBLAS's fast Hopper kernels need 16-byte aligned leading dimensions: an odd vocabulary
+    (GPT-2's 50257) lands on much slower kernels, so alignment is part of the category."""
+    dims = [f.get("m") or 0, f.get("n") or 0, f.get("k") or 0]
+    return {"aligned": all(d % 8 == 0 for d in dims)}
+
+
+FAMILIES: dict[Family, FamilySpec] = {
+    Family.GEMM: FamilySpec(Family.GEMM, ("m", "n", "k"), ("layout", "batch", "aligned"), "flops",
+                            derive=_gemm_alignment),
+    # heads is batch x heads: the kernels parallelise over both alike; the GQA ratio only changes K/V reads
+    Family.ATTENTION: FamilySpec(Family.ATTENTION, ("heads", "seq_q"), ("head_dim", "causal", "dropout", "seq_k_eq"),
+                                 "flops"),
+    Family.ROWWISE: FamilySpec(Family.ROWWISE, ("rows", "cols"), (), "numel", log_space=False),
+    Family.EMBEDDING: FamilySpec(Family.EMBEDDING, ("tokens", "vocab", "dim"), (), "bytes", log_space=False),
+    Family.FOREACH: FamilySpec(Family.FOREACH, ("tensors", "numel"), (), "numel", log_space=False),
+    Family.ELEMENTWISE: FamilySpec(Family.ELEMENTWISE, ("numel",), ("pattern",), "numel", log_space=False),
+    Family.VIEW: FamilySpec(Family.VIEW, (), (), "numel"),
+    Family.HOST: FamilySpec(Family.HOST, (), (), "numel"),
+}
+
+# Every feature column any family uses, with its Parquet type ("int", "float", "str", "bool").
+FEATURE_COLUMNS: dict[str, str] = {
+    "batch": "int", "m": "int", "n": "int", "k": "int", "layout": "str",
+    "heads": "int", "kv_heads_ratio": "int", "seq_q": "int", "seq_k_eq": "bool", "head_dim": "int",
+    "causal": "bool", "dropout": "bool",
+    "rows": "int", "cols": "int", "tokens": "int", "vocab": "int", "dim": "int",
+    "tensors": "int", "numel": "int", "pattern": "str",
+}
+
+Features = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OpKind:
+    """One operator kind. `ops` are the aten overloads it covers (str(OpOverload))."""
+
+    name: str
+    ops: tuple[str, ...]
+    family: Family
+    features: Callable[[OpCall], Features]
+    flops: Callable[[OpCall, Features], float] = lambda c, f: 0.0
+    bytes: Callable[[OpCall, Features], float] = lambda c, f: float(sum(t.nbytes for t in c.device_tensors()))
+    tf32_sensitive: bool = False
+    index_args: tuple[IndexArg, ...] = ()
+    input_rule: InputRule = InputRule.RANDOM
+    grid: Callable[[Precision], Iterable[OpCall]] | None = None
+    # argument whose dtype is the op's precision (statistics such as logsumexp stay fp32); None: widest
+    primary: int | None = None
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Registry:
+    """Operator kinds keyed by aten overload; a second registration of an overload raises."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, OpKind] = {}
+        self._by_op: dict[str, OpKind] = {}
+
+    def register(self, kind: OpKind) -> OpKind:
+        if kind.name in self._by_name:
+            raise ValueError(f"operator kind {kind.name!r} registered twice")
+        for op in kind.ops:
+            if op in self._by_op:
+                raise ValueError(f"{op} already registered by kind {self._by_op[op].name!r}")
+        self._by_name[kind.name] = kind
+        for op in kind.ops:
+            self._by_op[op] = kind
+        return kind
+
+    def kind(self, name: str) -> OpKind:
+        return self._by_name[name]
+
+    def for_op(self, op: str) -> OpKind:
+        """The kind covering `op`; unregistered operators fall into the generic elementwise kind."""
+        return self._by_op.get(op) or self._by_name["elementwise"]
+
+    def is_registered(self, op: str) -> bool:
+        return op in self._by_op
+
+    def kinds(self) -> list[OpKind]:
+        return list(self._by_name.values())
+
+
+REGISTRY = Registry()
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers over calls
+# ---------------------------------------------------------------------------------------------
+
+def float_dtypes(call: OpCall) -> list[DType]:
+    return [t.dtype for t in call.device_tensors() if t.dtype.is_float]
+
+
+def dtypes_key(call: OpCall) -> str:
+    """Input dtypes in argument order, deduplicated, plus an explicit target dtype if any ("fp32>bf16")."""
+    seen: list[str] = []
+    for t in call.device_tensors():
+        if str(t.dtype) not in seen:
+            seen.append(str(t.dtype))
+    target = call.kwarg("dtype")
+    out = ",".join(seen) if seen else "-"
+    if isinstance(target, Scalar) and target.tag == "dtype":
+        out += ">" + target.value
+    return out
+
+
+def precision_of(call: OpCall, allow_tf32: bool) -> Precision:
+    kind = REGISTRY.for_op(call.op)
+    dts = float_dtypes(call)
+    if kind.primary is not None and kind.primary < len(call.args):
+        prim = call.args[kind.primary]
+        if isinstance(prim, list) and prim and isinstance(prim[0], TensorSpec):
+            prim = prim[0]
+        if isinstance(prim, TensorSpec) and prim.dtype.is_float:
+            dts = [prim.dtype]
+    return op_precision(dts, kind.tf32_sensitive, allow_tf32)
+
+
+def math_mode(call: OpCall, allow_tf32: bool) -> str:
+    """Part of the key: only TF32-sensitive kinds key on the TF32 switch."""
+    return "tf32" if (allow_tf32 and REGISTRY.for_op(call.op).tf32_sensitive) else ""
+
+
+def _is_colmajor(t: TensorSpec) -> bool:
+    if len(t.shape) < 2 or t.strides is None:
+        return False
+    s = t.strides
+    return s[-2] == 1 and s[-1] >= max(t.shape[-2], 1)
+
+
+def _layout(a: TensorSpec, b: TensorSpec) -> str:
+    return ("t" if _is_colmajor(a) else "n") + ("t" if _is_colmajor(b) else "n")
+
+
+def _gemm_bytes(c: OpCall, f: Features) -> float:
+    it = max((t.dtype.itemsize for t in c.device_tensors() if t.dtype.is_float), default=4)
+    return float(it * f["batch"] * (f["m"] * f["k"] + f["k"] * f["n"] + f["m"] * f["n"]))
+
+
+def _gemm_flops(c: OpCall, f: Features) -> float:
+    return 2.0 * f["batch"] * f["m"] * f["n"] * f["k"]
+
+
+def _t(shape: tuple[int, ...], dtype: DType, strides: tuple[int, ...] | None = None) -> TensorSpec:
+    if strides is not None and strides == contiguous_strides(shape):
+        strides = None
+    return TensorSpec(tuple(shape), dtype, strides)
+
+
+def _transposed(rows: int, cols: int, dtype: DType) -> TensorSpec:
+    """A [rows, cols] view of a contiguous [cols, rows] tensor (what .t() gives)."""
+    return _t((rows, cols), dtype, (1, rows))
+
+
+PRECISION_DTYPE = {Precision.FP32: DType.FP32, Precision.TF32: DType.FP32, Precision.FP16: DType.FP16,
+                   Precision.BF16: DType.BF16}
+FLOAT_PRECISIONS = (Precision.FP32, Precision.TF32, Precision.FP16, Precision.BF16)
+HALF_PRECISIONS = (Precision.FP16, Precision.BF16)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grids (the generic campaign). Sizes cover 7B-70B-class models at 1-64-way TP; off-by-one points
+# catch tile and wave quantisation.
+# ---------------------------------------------------------------------------------------------
+
+GEMM_TOKENS = (1024, 2048, 4096, 8192, 16384)
+GEMM_DIMS = (256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768, 65536, 131072)
+GEMM_OFF_BY_ONE = ((4096, 4095, 4096), (4096, 4097, 4096), (4096, 4096, 4095), (4096, 4096, 4097),
+                   (4095, 4096, 4096), (4097, 4096, 4096), (8192, 8191, 8192), (8192, 8193, 8192))
+# FLOP caps per point: beyond them utilisation is flat and the roofline hold extrapolates reliably.
+GEMM_FLOP_CAP = {Precision.FP32: 0.15e12, Precision.TF32: 1.5e12, Precision.FP16: 3e12, Precision.BF16: 3e12}
+
+
+def gemm_layout_call(m: int, n: int, k: int, layout: str, dtype: DType) -> OpCall:
+    a = _transposed(m, k, dtype) if layout[0] == "t" else _t((m, k), dtype)
+    b = _transposed(k, n, dtype) if layout[1] == "t" else _t((k, n), dtype)
+    return OpCall("aten.mm.default", (a, b))
+
+
+def _gemm_grid(p: Precision) -> Iterable[OpCall]:
+    dt = PRECISION_DTYPE[p]
+    cap = GEMM_FLOP_CAP[p]
+    seen: set[tuple[int, int, int, str]] = set()
+    # A linear layer y = x W^T with x [T, din]: forward (T, dout, din) "nt", input grad (T, din, dout)
+    # "nn", weight grad (dout, din, T) "tn".
+    for tok in GEMM_TOKENS:
+        for din in GEMM_DIMS:
+            for dout in GEMM_DIMS:
+                if max(din, dout) / min(din, dout) > 32:
+                    continue
+                for m, n, k, lay in ((tok, dout, din, "nt"), (tok, din, dout, "nn"), (dout, din, tok, "tn")):
+                    if 2.0 * m * n * k > cap or (m, n, k, lay) in seen:
+                        continue
+                    seen.add((m, n, k, lay))
+                    yield gemm_layout_call(m, n, k, lay, dt)
+    for m, n, k in GEMM_OFF_BY_ONE:
+        for lay in ("nt", "nn", "tn"):
+            if 2.0 * m * n * k <= cap and (m, n, k, lay) not in seen:
+                seen.add((m, n, k, lay))
+                yield gemm_layout_call(m, n, k, lay, dt)
+
+
+GEMM_UNALIGNED_VOCAB = (8191, 32001, 50257, 100003)
+GEMM_UNALIGNED_HIDDEN = (768, 1024, 2048, 4096)
+
+
+def _gemm_unaligned_grid(p: Precision) -> Iterable[OpCall]:
+    """LM heads with vocabularies that are not a multiple of 8 (forward, input grad, weight grad)."""
+    dt = PRECISION_DTYPE[p]
+    for tok in (1024, 2048, 4096, 8192, 16384):
+        for h in GEMM_UNALIGNED_HIDDEN:
+            for v in GEMM_UNALIGNED_VOCAB:
+                for m, n, k, lay in ((tok, v, h, "nt"), (tok, h, v, "nn"), (v, h, tok, "tn")):
+                    if 2.0 * m * n * k <= GEMM_FLOP_CAP[p] * 2:
+                        yield gemm_layout_call(m, n, k, lay, dt)
+
+
+def _bmm_grid(p: Precision) -> Iterable[OpCall]:
+    """Attention's math path (fp32 with grouped-query heads): scores, P@V and their gradients."""
+    if p not in (Precision.FP32, Precision.TF32):
+        return
+    dt = PRECISION_DTYPE[p]
+    for b in (8, 16, 32, 64):
+        for s in (512, 1024, 2048, 4096):
+            for d in (64, 128):
+                for m, n, k in ((s, s, d), (s, d, s), (d, s, s)):
+                    for lay in ("nn", "nt", "tn"):
+                        if 2.0 * b * m * n * k > GEMM_FLOP_CAP[p]:
+                            continue
+                        a = _t((b, m, k), dt, (m * k, 1, m)) if lay[0] == "t" else _t((b, m, k), dt)
+                        bb = _t((b, k, n), dt, (n * k, 1, k)) if lay[1] == "t" else _t((b, k, n), dt)
+                        yield OpCall("aten.bmm.default", (a, bb))
+
+
+def _mm_grid(p: Precision) -> Iterable[OpCall]:
+    yield from _gemm_grid(p)
+    yield from _gemm_unaligned_grid(p)
+
+
+def _mm_features(c: OpCall) -> Features:
+    a, b = c.arg_tensor(0), c.arg_tensor(1)
+    return {"batch": 1, "m": a.shape[0], "k": a.shape[1], "n": b.shape[1], "layout": _layout(a, b)}
+
+
+def _addmm_features(c: OpCall) -> Features:
+    a, b = c.arg_tensor(1), c.arg_tensor(2)
+    return {"batch": 1, "m": a.shape[0], "k": a.shape[1], "n": b.shape[1], "layout": _layout(a, b)}
+
+
+def _bmm_features(c: OpCall) -> Features:
+    a, b = c.arg_tensor(0), c.arg_tensor(1)
+    return {"batch": a.shape[0], "m": a.shape[1], "k": a.shape[2], "n": b.shape[2], "layout": _layout(a, b)}
+
+
+def _baddbmm_features(c: OpCall) -> Features:
+    a, b = c.arg_tensor(1), c.arg_tensor(2)
+    return {"batch": a.shape[0], "m": a.shape[1], "k": a.shape[2], "n": b.shape[2], "layout": _layout(a, b)}
+
+
+def _addmm_grid(p: Precision) -> Iterable[OpCall]:
+    # Linear layers with bias (GPT-2's Conv1D is "nn", nn.Linear is "nt"); a smaller sweep than mm.
+    dt = PRECISION_DTYPE[p]
+    for tok in (1024, 4096, 16384):
+        for din in (768, 1024, 2048, 4096, 8192):
+            for dout in (768, 1024, 2048, 3072, 4096, 8192, 16384):
+                for lay in ("nt", "nn"):
+                    if 2.0 * tok * din * dout > GEMM_FLOP_CAP[p]:
+                        continue
+                    mm = gemm_layout_call(tok, dout, din, lay, dt)
+                    yield OpCall("aten.addmm.default", (_t((dout,), dt), *mm.args))
+
+
+REGISTRY.register(OpKind("mm", ("aten.mm.default",), Family.GEMM, _mm_features, _gemm_flops, _gemm_bytes,
+                         tf32_sensitive=True, grid=_mm_grid))
+REGISTRY.register(OpKind("addmm", ("aten.addmm.default",), Family.GEMM, _addmm_features, _gemm_flops,
+                         _gemm_bytes, tf32_sensitive=True, grid=_addmm_grid))
+REGISTRY.register(OpKind("bmm", ("aten.bmm.default",), Family.GEMM, _bmm_features, _gemm_flops, _gemm_bytes,
+                         tf32_sensitive=True, grid=_bmm_grid))
+REGISTRY.register(OpKind("baddbmm", ("aten.baddbmm.default",), Family.GEMM, _baddbmm_features, _gemm_flops,
+                         _gemm_bytes, tf32_sensitive=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------------
+
+ATTN_FWD_ARGS = {  # op -> (dropout arg index, causal arg index)
+    "aten._scaled_dot_product_cudnn_attention.default": (5, 6),
+    "aten._scaled_dot_product_efficient_attention.default": (5, 6),
+    "aten._scaled_dot_product_flash_attention.default": (3, 4),
+}
+# backward op -> (index of query, dropout index, causal index, forward op)
+ATTN_BWD_ARGS = {
+    "aten._scaled_dot_product_cudnn_attention_backward.default":
+        (1, 13, 14, "aten._scaled_dot_product_cudnn_attention.default"),
+    "aten._scaled_dot_product_efficient_attention_backward.default":
+        (1, 9, 11, "aten._scaled_dot_product_efficient_attention.default"),
+    "aten._scaled_dot_product_flash_attention_backward.default":
+        (1, 10, 11, "aten._scaled_dot_product_flash_attention.default"),
+}
+
+
+def _attn_common(q: TensorSpec, k: TensorSpec, dropout: Any, causal: Any) -> Features:
+    b, h, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    return {"batch": b, "heads": b * h, "kv_heads_ratio": max(h // max(hk, 1), 1), "seq_q": sq,
+            "seq_k_eq": sk == sq, "head_dim": d, "causal": bool(causal), "dropout": bool(dropout and dropout > 0),
+            "_seq_k": sk}
+
+
+def _attn_fwd_features(c: OpCall) -> Features:
+    di, ci = ATTN_FWD_ARGS[c.op]
+    return _attn_common(c.arg_tensor(0), c.arg_tensor(1), _arg(c, di, 0.0), _arg(c, ci, False))
+
+
+def _attn_bwd_features(c: OpCall) -> Features:
+    qi, di, ci, _ = ATTN_BWD_ARGS[c.op]
+    return _attn_common(c.arg_tensor(qi), c.arg_tensor(qi + 1), _arg(c, di, 0.0), _arg(c, ci, False))
+
+
+def _arg(c: OpCall, i: int, default: Any) -> Any:
+    return c.args[i] if i < len(c.args) else default
+
+
+def _attn_flops(mult: float) -> Callable[[OpCall, Features], float]:
+    def f(c: OpCall, feat: Features) -> float:
+        full = 4.0 * feat["heads"] * feat["seq_q"] * feat["_seq_k"] * feat["head_dim"]
+        return mult * full * (0.5 if feat["causal"] else 1.0)
+    return f
+
+
+ATTN_SEQS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+ATTN_HEADS = (1, 2, 4, 8, 16, 32, 64)
+ATTN_HEAD_DIMS = (64, 128)
+ATTN_FLOP_CAP = {Precision.FP32: 0.4e12, Precision.TF32: 0.4e12, Precision.FP16: 6e12, Precision.BF16: 6e12}
+
+
+def attn_qkv(b: int, h: int, hk: int, s: int, d: int, dt: DType) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
+    """q, k, v as HF passes them: [B, H, S, D] views of [B, S, H, D] projections."""
+    def proj(heads: int) -> TensorSpec:
+        return _t((b, heads, s, d), dt, (s * heads * d, d, heads * d, 1))
+    return proj(h), proj(hk), proj(hk)
+
+
+def attention_fwd_call(op: str, b: int, h: int, hk: int, s: int, d: int, dt: DType, causal: bool,
+                       dropout: float = 0.0, scale: float | None = None) -> OpCall:
+    q, k, v = attn_qkv(b, h, hk, s, d, dt)
+    kw: tuple[tuple[str, Any], ...] = (("scale", scale if scale is not None else d ** -0.5),)
+    if op == "aten._scaled_dot_product_cudnn_attention.default":
+        return OpCall(op, (q, k, v, None, True, dropout, causal, False), kw)
+    if op == "aten._scaled_dot_product_efficient_attention.default":
+        return OpCall(op, (q, k, v, None, True, dropout, causal), kw)
+    if op == "aten._scaled_dot_product_flash_attention.default":
+        return OpCall(op, (q, k, v, dropout, causal, False), kw)
+    raise KeyError(op)
+
+
+def attention_bwd_call(fwd_op: str, b: int, h: int, hk: int, s: int, d: int, dt: DType, causal: bool,
+                       dropout: float = 0.0, scale: float | None = None) -> OpCall:
+    """A backward call in the collector's canonical form: the collector runs the forward to fill the
+    tensors that only a forward can produce (output, logsumexp, rng state)."""
+    q, k, v = attn_qkv(b, h, hk, s, d, dt)
+    go = _t((b, h, s, d), dt, (s * h * d, d, h * d, 1))
+    out = go
+    lse = _t((b, h, s), DType.FP32)
+    sc = scale if scale is not None else d ** -0.5
+    seed = TensorSpec((), DType.I64)
+    if fwd_op.endswith("cudnn_attention.default"):
+        cum = TensorSpec((0,), DType.I32)
+        return OpCall("aten._scaled_dot_product_cudnn_attention_backward.default",
+                      (go, q, k, v, out, lse, seed, seed, None, cum, cum, s, s, dropout, causal), (("scale", sc),))
+    if fwd_op.endswith("efficient_attention.default"):
+        return OpCall("aten._scaled_dot_product_efficient_attention_backward.default",
+                      (go, q, k, v, None, out, lse, seed, seed, dropout, [True, True, True, False], causal),
+                      (("scale", sc),))
+    cum = TensorSpec((0,), DType.I32)
+    return OpCall("aten._scaled_dot_product_flash_attention_backward.default",
+                  (go, q, k, v, out, lse, cum, cum, s, s, dropout, causal, seed, seed), (("scale", sc),))
+
+
+def _attn_grid(fwd_op: str, backward: bool, precisions: tuple[Precision, ...]) -> Callable[[Precision], Iterable[OpCall]]:
+    def grid(p: Precision) -> Iterable[OpCall]:
+        if p not in precisions:
+            return
+        dt = PRECISION_DTYPE[p]
+        for d in ATTN_HEAD_DIMS:
+            for s in ATTN_SEQS:
+                for h in ATTN_HEADS:
+                    for ratio in ((1, 4) if fwd_op != _EFF else (1,)):  # efficient attention has no GQA
+                        if h % ratio:
+                            continue
+                        flops = 4.0 * h * s * s * d * 0.5 * (2.5 if backward else 1.0)
+                        if flops > ATTN_FLOP_CAP[p]:
+                            continue
+                        make = attention_bwd_call if backward else attention_fwd_call
+                        yield make(fwd_op, 1, h, h // ratio, s, d, dt, True)
+                        if d == 64 and ratio == 1:  # GPT-style models train with attention dropout
+                            yield make(fwd_op, 1, h, h, s, d, dt, True, 0.1)
+    return grid
+
+
+_CUDNN = "aten._scaled_dot_product_cudnn_attention.default"
+_EFF = "aten._scaled_dot_product_efficient_attention.default"
+_FLASH = "aten._scaled_dot_product_flash_attention.default"
+REGISTRY.register(OpKind("attn_cudnn_fwd", (_CUDNN,), Family.ATTENTION, _attn_fwd_features, _attn_flops(1.0),
+                         primary=0, grid=_attn_grid(_CUDNN, False, HALF_PRECISIONS)))
+REGISTRY.register(OpKind("attn_cudnn_bwd", ("aten._scaled_dot_product_cudnn_attention_backward.default",),
+                         Family.ATTENTION, _attn_bwd_features, _attn_flops(2.5), input_rule=InputRule.FROM_FORWARD, primary=1,
+                         grid=_attn_grid(_CUDNN, True, HALF_PRECISIONS)))
+REGISTRY.register(OpKind("attn_efficient_fwd", (_EFF,), Family.ATTENTION, _attn_fwd_features, _attn_flops(1.0),
+                         primary=0, grid=_attn_grid(_EFF, False, (Precision.FP32,))))
+REGISTRY.register(OpKind("attn_efficient_bwd", ("aten._scaled_dot_product_efficient_attention_backward.default",),
+                         Family.ATTENTION, _attn_bwd_features, _attn_flops(2.5), input_rule=InputRule.FROM_FORWARD, primary=1,
+                         grid=_attn_grid(_EFF, True, (Precision.FP32,))))
+REGISTRY.register(OpKind("attn_flash_fwd", (_FLASH,), Family.ATTENTION, _attn_fwd_features, _attn_flops(1.0),
+                         primary=0))
+REGISTRY.register(OpKind("attn_flash_bwd", ("aten._scaled_dot_product_flash_attention_backward.default",),
+                         Family.ATTENTION, _attn_bwd_features, _attn_flops(2.5), input_rule=InputRule.FROM_FORWARD,
+                         primary=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Row-wise: norms, softmax, losses
+# ---------------------------------------------------------------------------------------------
+
+def _rows_cols(t: TensorSpec) -> Features:
+    cols = t.shape[-1] if t.shape else 1
+    return {"rows": max(t.numel // max(cols, 1), 1), "cols": cols}
+
+
+def _rowwise_first(c: OpCall) -> Features:
+    return _rows_cols(c.arg_tensor(0))
+
+
+def _rowwise_second(c: OpCall) -> Features:
+    return _rows_cols(c.arg_tensor(1))
+
+
+def _rowwise_flops(per_elem: float) -> Callable[[OpCall, Features], float]:
+    return lambda c, f: per_elem * f["rows"] * f["cols"]
+
+
+def _rowwise_bytes(reads: float, writes: float) -> Callable[[OpCall, Features], float]:
+    def b(c: OpCall, f: Features) -> float:
+        it = max((t.dtype.itemsize for t in c.device_tensors() if t.dtype.is_float), default=4)
+        return (reads + writes) * it * f["rows"] * f["cols"]
+    return b
+
+
+NORM_ROWS = (1024, 4096, 16384, 65536)
+NORM_COLS = (512, 1024, 2048, 4096, 8192, 16384)
+SOFTMAX_COLS = (4096, 16384, 32000, 65536, 128256, 151936)
+ROWWISE_NUMEL_CAP = 2**31
+
+
+def _rowwise_grid(build: Callable[[int, int, DType], OpCall], cols: tuple[int, ...],
+                  precisions: tuple[Precision, ...] = (Precision.FP32, Precision.FP16, Precision.BF16)):
+    def grid(p: Precision) -> Iterable[OpCall]:
+        if p not in precisions:
+            return
+        for r in NORM_ROWS:
+            for col in cols:
+                if r * col <= ROWWISE_NUMEL_CAP:
+                    yield build(r, col, PRECISION_DTYPE[p])
+    return grid
+
+
+def _rms_fwd(r: int, col: int, dt: DType) -> OpCall:
+    return OpCall("aten._fused_rms_norm.default", (_t((r, col), dt), [col], _t((col,), dt), 1e-5))
+
+
+def _rms_bwd(r: int, col: int, dt: DType) -> OpCall:
+    return OpCall("aten._fused_rms_norm_backward.default",
+                  (_t((r, col), dt), _t((r, col), dt), [col], _t((r, 1), DType.FP32), _t((col,), dt), [True, True]))
+
+
+def _ln_fwd(r: int, col: int, dt: DType) -> OpCall:
+    return OpCall("aten.native_layer_norm.default", (_t((r, col), dt), [col], _t((col,), dt), _t((col,), dt), 1e-5))
+
+
+def _ln_bwd(r: int, col: int, dt: DType) -> OpCall:
+    st = DType.FP32 if dt != DType.FP32 else dt
+    return OpCall("aten.native_layer_norm_backward.default",
+                  (_t((r, col), dt), _t((r, col), dt), [col], _t((r, 1), st), _t((r, 1), st), _t((col,), dt),
+                   _t((col,), dt), [True, True, True]))
+
+
+def _softmax(op: str) -> Callable[[int, int, DType], OpCall]:
+    return lambda r, col, dt: OpCall(op, (_t((r, col), dt), -1, False))
+
+
+def _softmax_bwd(op: str) -> Callable[[int, int, DType], OpCall]:
+    return lambda r, col, dt: OpCall(op, (_t((r, col), dt), _t((r, col), dt), -1, Scalar("dtype", str(dt))))
+
+
+def _nll_fwd(r: int, col: int, dt: DType) -> OpCall:
+    return OpCall("aten.nll_loss_forward.default", (_t((r, col), dt), _t((r,), DType.I64), None, 1, -100))
+
+
+def _nll_bwd(r: int, col: int, dt: DType) -> OpCall:
+    return OpCall("aten.nll_loss_backward.default",
+                  (TensorSpec((), dt), _t((r, col), dt), _t((r,), DType.I64), None, 1, -100, TensorSpec((), dt)))
+
+
+def _nll_features(c: OpCall) -> Features:
+    i = 0 if c.op == "aten.nll_loss_forward.default" else 1
+    return _rows_cols(c.arg_tensor(i))
+
+
+for _name, _ops, _feat, _build, _cols, _fl, _rw in (
+    ("rms_norm_fwd", ("aten._fused_rms_norm.default",), _rowwise_first, _rms_fwd, NORM_COLS, 4.0, (1, 1)),
+    ("rms_norm_bwd", ("aten._fused_rms_norm_backward.default",), _rowwise_first, _rms_bwd, NORM_COLS, 8.0, (2, 1)),
+    ("layer_norm_fwd", ("aten.native_layer_norm.default",), _rowwise_first, _ln_fwd, NORM_COLS, 6.0, (1, 1)),
+    ("layer_norm_bwd", ("aten.native_layer_norm_backward.default",), _rowwise_first, _ln_bwd, NORM_COLS, 10.0, (2, 1)),
+    ("softmax_fwd", ("aten._softmax.default",), _rowwise_first, _softmax("aten._softmax.default"), SOFTMAX_COLS, 5.0, (1, 1)),
+    ("log_softmax_fwd", ("aten._log_softmax.default",), _rowwise_first, _softmax("aten._log_softmax.default"),
+     SOFTMAX_COLS, 5.0, (1, 1)),
+    ("softmax_bwd", ("aten._softmax_backward_data.default",), _rowwise_first,
+     _softmax_bwd("aten._softmax_backward_data.default"), SOFTMAX_COLS, 4.0, (2, 1)),
+    ("log_softmax_bwd", ("aten._log_softmax_backward_data.default",), _rowwise_first,
+     _softmax_bwd("aten._log_softmax_backward_data.default"), SOFTMAX_COLS, 4.0, (2, 1)),
+    ("nll_loss_fwd", ("aten.nll_loss_forward.default",), _nll_features, _nll_fwd, SOFTMAX_COLS, 0.0, (0, 0)),
+    ("nll_loss_bwd", ("aten.nll_loss_backward.default",), _nll_features, _nll_bwd, SOFTMAX_COLS, 0.0, (0, 1)),
+):
+    _idx: tuple[IndexArg, ...] = ()
+    if _name == "nll_loss_fwd":
+        _idx = (IndexArg(1, 0, -1),)
+    elif _name == "nll_loss_bwd":
+        _idx = (IndexArg(2, 1, -1),)
+    _bytes = _rowwise_bytes(*_rw) if _rw != (0, 0) else (lambda c, f: 8.0 * f["rows"])
+    REGISTRY.register(OpKind(_name, _ops, Family.ROWWISE, _feat, _rowwise_flops(_fl), _bytes,
+                             index_args=_idx, grid=_rowwise_grid(_build, _cols),
+                             primary=1 if _name == "nll_loss_bwd" else 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Embedding
+# ---------------------------------------------------------------------------------------------
+
+EMB_TOKENS = (4096, 16384, 65536)
+EMB_VOCAB = (32768, 131072)
+EMB_DIMS = (1024, 4096, 8192)
+
+
+def _emb_fwd_features(c: OpCall) -> Features:
+    w, idx = c.arg_tensor(0), c.arg_tensor(1)
+    return {"tokens": idx.numel, "vocab": w.shape[0], "dim": w.shape[1]}
+
+
+def _emb_bwd_features(c: OpCall) -> Features:
+    g, idx = c.arg_tensor(0), c.arg_tensor(1)
+    return {"tokens": idx.numel, "vocab": int(c.args[2]), "dim": g.shape[-1]}
+
+
+def _emb_bytes(bwd: bool) -> Callable[[OpCall, Features], float]:
+    def b(c: OpCall, f: Features) -> float:
+        it = max((t.dtype.itemsize for t in c.device_tensors() if t.dtype.is_float), default=4)
+        moved = 2.0 * f["tokens"] * f["dim"] * it + 8.0 * f["tokens"]
+        return moved + (f["vocab"] * f["dim"] * 4.0 if bwd else 0.0)
+    return b
+
+
+def _emb_grid(bwd: bool):
+    def grid(p: Precision) -> Iterable[OpCall]:
+        if p == Precision.TF32:
+            return
+        dt = PRECISION_DTYPE[p]
+        for tok in EMB_TOKENS:
+            for v in EMB_VOCAB:
+                for d in EMB_DIMS:
+                    if bwd:
+                        yield OpCall("aten.embedding_dense_backward.default",
+                                     (_t((1, tok, d), dt), _t((1, tok), DType.I64), v, -1, False))
+                    else:
+                        yield OpCall("aten.embedding.default", (_t((v, d), dt), _t((1, tok), DType.I64)))
+    return grid
+
+
+REGISTRY.register(OpKind("embedding_fwd", ("aten.embedding.default",), Family.EMBEDDING, _emb_fwd_features,
+                         bytes=_emb_bytes(False), index_args=(IndexArg(1, 0, 0),), grid=_emb_grid(False), primary=0))
+REGISTRY.register(OpKind("embedding_bwd", ("aten.embedding_dense_backward.default",), Family.EMBEDDING,
+                         _emb_bwd_features, bytes=_emb_bytes(True), index_args=(IndexArg(1, 2, None),),
+                         grid=_emb_grid(True), primary=0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-tensor (optimizer, GradScaler)
+# ---------------------------------------------------------------------------------------------
+
+def _first_list(c: OpCall) -> list[TensorSpec]:
+    for a in c.args:
+        if isinstance(a, list) and a and isinstance(a[0], TensorSpec):
+            return a
+    return []
+
+
+def _foreach_features(c: OpCall) -> Features:
+    lst = _first_list(c)
+    return {"tensors": len(lst), "numel": sum(t.numel for t in lst)}
+
+
+def _foreach_bytes(c: OpCall, f: Features) -> float:
+    lists = [a for a in c.args if isinstance(a, list) and a and isinstance(a[0], TensorSpec)]
+    per = sum(sum(t.nbytes for t in lst) for lst in lists)
+    first_bytes = sum(t.nbytes for t in lists[0]) if lists else 0
+    return float(per + first_bytes)  # inputs read, the first list (or its copy) written
+
+
+FOREACH_TENSORS = (1, 16, 256)
+FOREACH_NUMEL = (2**18, 2**22, 2**26, 2**30)
+FOREACH_TOTAL_CAP = 2**30 + 2**29  # elements summed over one list
+
+
+def _lists(n: int, total: int, dt: DType, count: int) -> list[list[TensorSpec]]:
+    per = max(total // n, 1)
+    return [[_t((per,), dt)] * n for _ in range(count)]
+
+
+# op -> (number of tensor lists, extra trailing args builder)
+def _foreach_call(op: str, n: int, total: int, dt: DType) -> OpCall:
+    L = lambda k: _lists(n, total, dt, k)  # noqa: E731
+    if op == "aten._foreach_add_.Scalar":
+        return OpCall(op, (L(1)[0], 1e-8))
+    if op == "aten._foreach_add_.List":
+        a, b = L(2)
+        return OpCall(op, (a, b), (("alpha", -0.01),))
+    if op == "aten._foreach_mul_.Scalar":
+        return OpCall(op, (L(1)[0], 0.999))
+    if op == "aten._foreach_lerp_.Scalar":
+        a, b = L(2)
+        return OpCall(op, (a, b, 0.1))
+    if op == "aten._foreach_addcmul_.Scalar":
+        a, b, c = L(3)
+        return OpCall(op, (a, b, c), (("value", 0.001),))
+    if op == "aten._foreach_sqrt.default":
+        return OpCall(op, (L(1)[0],))
+    if op == "aten._foreach_div_.ScalarList":
+        return OpCall(op, (L(1)[0], [1.5] * n))
+    if op == "aten._foreach_div_.Scalar":
+        return OpCall(op, (L(1)[0], 1.5))
+    if op == "aten._foreach_add_.ScalarList":
+        return OpCall(op, (L(1)[0], [1e-8] * n))
+    if op == "aten._foreach_addcdiv_.ScalarList":
+        a, b, c = L(3)
+        return OpCall(op, (a, b, c, [-1e-4] * n))
+    if op == "aten._foreach_addcdiv_.Scalar":
+        a, b, c = L(3)
+        return OpCall(op, (a, b, c), (("value", -1e-4),))
+    if op == "aten._foreach_mul_.List":
+        a, b = L(2)
+        return OpCall(op, (a, b))
+    if op == "aten._foreach_norm.Scalar":
+        return OpCall(op, (L(1)[0], 2))
+    if op == "aten._amp_foreach_non_finite_check_and_unscale_.default":
+        return OpCall(op, (L(1)[0], _t((1,), DType.FP32), _t((), DType.FP32)))
+    if op == "aten._fused_adamw_.default":
+        p, g, m, v = L(4)
+        steps = [_t((), DType.FP32)] * n
+        return OpCall(op, (p, g, m, v, [], steps), (("lr", 1e-4), ("beta1", 0.9), ("beta2", 0.999),
+                                                     ("weight_decay", 0.01), ("eps", 1e-8), ("amsgrad", False),
+                                                     ("maximize", False)))
+    if op == "aten._fused_sgd_.default":
+        p, g = L(2)
+        return OpCall(op, (p, g, []), (("weight_decay", 0.0), ("momentum", 0.0), ("lr", 0.01),
+                                        ("dampening", 0.0), ("nesterov", False), ("maximize", False),
+                                        ("is_first_step", False)))
+    raise KeyError(op)
+
+
+FOREACH_OPS = (
+    "aten._foreach_add_.Scalar", "aten._foreach_add_.List", "aten._foreach_mul_.Scalar",
+    "aten._foreach_lerp_.Scalar", "aten._foreach_addcmul_.Scalar", "aten._foreach_sqrt.default",
+    "aten._foreach_div_.ScalarList", "aten._foreach_div_.Scalar", "aten._foreach_add_.ScalarList",
+    "aten._foreach_addcdiv_.ScalarList", "aten._foreach_addcdiv_.Scalar", "aten._foreach_mul_.List",
+    "aten._foreach_norm.Scalar", "aten._amp_foreach_non_finite_check_and_unscale_.default",
+    "aten._fused_adamw_.default", "aten._fused_sgd_.default",
+)
+
+
+def _foreach_grid(op: str):
+    def grid(p: Precision) -> Iterable[OpCall]:
+        if p == Precision.TF32:
+            return
+        if op.startswith("aten._amp_foreach") and p != Precision.FP32:
+            return
+        for n in FOREACH_TENSORS:
+            for total in FOREACH_NUMEL:
+                if total < n or total > FOREACH_TOTAL_CAP:
+                    continue
+                yield _foreach_call(op, n, total, PRECISION_DTYPE[p])
+    return grid
+
+
+for _op in FOREACH_OPS:
+    REGISTRY.register(OpKind("foreach:" + _op.split(".", 1)[1], (_op,), Family.FOREACH, _foreach_features,
+                             lambda c, f: float(f["numel"]), _foreach_bytes, grid=_foreach_grid(_op), primary=0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Elementwise, reductions, copies, casts (one generic kind: cost follows bytes moved)
+# ---------------------------------------------------------------------------------------------
+
+def elementwise_pattern(c: OpCall) -> str:
+    """How inputs relate to the largest one: c(ontiguous), b(roadcast), s(trided), 0 (0-dim)."""
+    ts = c.device_tensors()
+    if not ts:
+        return "-"
+    big = max(t.numel for t in ts)
+    marks = []
+    for t in ts:
+        if t.numel == 1 and not t.shape:
+            marks.append("0")
+        elif t.numel < big:
+            marks.append("b")
+        elif t.strides is not None:
+            marks.append("s")
+        else:
+            marks.append("c")
+    return "".join(marks)
+
+
+LIST_INPUT_OPS = {"aten.cat.default", "aten.stack.default"}
+
+
+def _elementwise_features(c: OpCall) -> Features:
+    ts = c.device_tensors()
+    if c.op in LIST_INPUT_OPS:
+        numel = sum(t.numel for t in ts)
+    else:
+        numel = max((t.numel for t in ts), default=0)
+    return {"numel": numel, "pattern": elementwise_pattern(c)}
+
+
+def _elementwise_bytes(c: OpCall, f: Features) -> float:
+    ts = c.device_tensors()
+    reads = sum(t.nbytes for t in ts)
+    out_item = max((t.dtype.itemsize for t in ts), default=4)
+    target = c.kwarg("dtype")
+    if isinstance(target, Scalar) and target.tag == "dtype":
+        out_item = DType(target.value).itemsize
+    return float(reads + f["numel"] * out_item)
+
+
+ELEMENTWISE_NUMEL = (*tuple(2 ** e for e in range(10, 31, 2)), 3 * 2 ** 20, 3 * 2 ** 24)
+
+
+def _unary(op: str) -> Callable[[int, DType], OpCall]:
+    return lambda n, dt: OpCall(op, (_t((n,), dt),))
+
+
+def _binary(op: str) -> Callable[[int, DType], OpCall]:
+    return lambda n, dt: OpCall(op, (_t((n,), dt), _t((n,), dt)))
+
+
+def _bcast(op: str) -> Callable[[int, DType], OpCall]:
+    return lambda n, dt: OpCall(op, (_t((n // 4096, 4096), dt), _t((4096,), dt)))
+
+
+def _scalar(op: str, s: Any) -> Callable[[int, DType], OpCall]:
+    return lambda n, dt: OpCall(op, (_t((n,), dt), s))
+
+
+def _cast(dst: DType) -> Callable[[int, DType], OpCall]:
+    return lambda n, dt: OpCall("aten._to_copy.default", (_t((n,), dt),), (("dtype", Scalar("dtype", str(dst))),))
+
+
+def _copy_strided(n: int, dt: DType) -> OpCall:
+    rows = max(n // 4096, 1)
+    return OpCall("aten.clone.default", (_t((rows, 4096), dt, (1, rows)),), (("memory_format", Scalar("mf", "contiguous_format")),))
+
+
+def _cat2(n: int, dt: DType) -> OpCall:
+    rows = max(n // 128, 1)
+    half = _t((rows, 64), dt)
+    return OpCall("aten.cat.default", ([half, half], -1))
+
+
+def _reduce_last(op: str) -> Callable[[int, DType], OpCall]:
+    return lambda n, dt: OpCall(op, (_t((max(n // 4096, 1), 4096), dt), [-1], True))
+
+
+ELEMENTWISE_GRID: dict[str, Callable[[int, DType], OpCall]] = {
+    "add": _binary("aten.add.Tensor"),
+    "add_bcast": _bcast("aten.add.Tensor"),
+    "add_": _binary("aten.add_.Tensor"),
+    "mul": _binary("aten.mul.Tensor"),
+    "mul_bcast": _bcast("aten.mul.Tensor"),
+    "mul_scalar": _scalar("aten.mul.Tensor", 0.5),
+    "div": _binary("aten.div.Tensor"),
+    "neg": _unary("aten.neg.default"),
+    "rsqrt": _unary("aten.rsqrt.default"),
+    "pow": _scalar("aten.pow.Tensor_Scalar", 2),
+    "silu": _unary("aten.silu.default"),
+    "silu_backward": _binary("aten.silu_backward.default"),
+    "gelu": _unary("aten.gelu.default"),
+    "gelu_tanh": lambda n, dt: OpCall("aten.gelu.default", (_t((n,), dt),), (("approximate", "tanh"),)),
+    "gelu_backward": _binary("aten.gelu_backward.default"),
+    "tanh": _unary("aten.tanh.default"),
+    "tanh_backward": _binary("aten.tanh_backward.default"),
+    "exp": _unary("aten.exp.default"),
+    "clone": _unary("aten.clone.default"),
+    "clone_strided": _copy_strided,
+    "copy_": _binary("aten.copy_.default"),
+    "cat": _cat2,
+    "mean_last": _reduce_last("aten.mean.dim"),
+    "sum_last": _reduce_last("aten.sum.dim_IntList"),
+    "sum_rows": lambda n, dt: OpCall("aten.sum.dim_IntList", (_t((max(n // 4096, 1), 4096), dt), [0], True)),
+    "fill_": _scalar("aten.fill_.Scalar", 0.0),
+    "zero_": _unary("aten.zero_.default"),
+    "dropout": lambda n, dt: OpCall("aten.native_dropout.default", (_t((n,), dt), 0.1, True)),
+    "dropout_bwd": lambda n, dt: OpCall("aten.native_dropout_backward.default",
+                                        (_t((n,), dt), _t((n,), DType.BOOL), 1.1111)),
+    "mul_Scalar": _scalar("aten.mul.Scalar", 0.5),
+    "add_Scalar": _scalar("aten.add.Scalar", 1.0),
+    "mul_mixed": lambda n, dt: OpCall("aten.mul.Tensor", (_t((n,), dt), _t((n,), DType.FP32))),
+    "add_mixed": lambda n, dt: OpCall("aten.add.Tensor", (_t((n,), DType.FP32), _t((n,), dt))),
+    "safe_softmax": lambda n, dt: OpCall("aten._safe_softmax.default", (_t((max(n // 2048, 1), 2048), dt), -1)),
+    "to_fp32": _cast(DType.FP32),
+    "to_fp16": _cast(DType.FP16),
+    "to_bf16": _cast(DType.BF16),
+}
+
+
+def _elementwise_grid(p: Precision) -> Iterable[OpCall]:
+    if p == Precision.TF32:
+        return
+    dt = PRECISION_DTYPE[p]
+    for name, build in ELEMENTWISE_GRID.items():
+        if name.startswith("to_") and name == "to_" + str(dt):
+            continue  # a cast to its own dtype is a no-op
+        for n in ELEMENTWISE_NUMEL:
+            if n >= 4096:
+                yield build(n, dt)
+
+
+REGISTRY.register(OpKind("elementwise", ("aten.add.Tensor",), Family.ELEMENTWISE, _elementwise_features,
+                         lambda c, f: float(f["numel"]), _elementwise_bytes, grid=_elementwise_grid,
+                         notes="catch-all: any operator without a kind of its own lands here"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Views (no kernel) and host-side operators (no GPU time)
+# ---------------------------------------------------------------------------------------------
+
+VIEW_OPS = (
+    "aten.view.default", "aten._unsafe_view.default", "aten.t.default", "aten.transpose.int",
+    "aten.permute.default", "aten.expand.default", "aten.unsqueeze.default", "aten.squeeze.dim",
+    "aten.squeeze.dims", "aten.squeeze.default", "aten.slice.Tensor", "aten.select.int", "aten.as_strided.default",
+    "aten.detach.default", "aten.alias.default", "aten.split.Tensor", "aten.split_with_sizes.default",
+    "aten.unbind.int", "aten._reshape_alias.default", "aten.lift_fresh.default", "aten.unflatten.int",
+    "aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default", "aten.new_empty.default",
+    "aten.new_empty_strided.default", "aten.chunk.default", "aten.narrow.default", "aten.view_as.default",
+    "aten.reshape.default", "aten._to_copy.nocopy", "aten.set_.source_Storage_storage_offset",
+    "aten.resize_.default", "aten.diagonal.default", "aten.expand_as.default", "aten.unfold.default",
+    "aten.flatten.using_ints", "aten.contiguous.default",
+)
+HOST_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default",
+            "aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default", "aten.sym_storage_offset.default",
+            "aten.equal.default")
+
+
+def _no_features(c: OpCall) -> Features:
+    return {"numel": max((t.numel for t in c.tensors()), default=0)}
+
+
+REGISTRY.register(OpKind("view", VIEW_OPS, Family.VIEW, _no_features, bytes=lambda c, f: 0.0))
+REGISTRY.register(OpKind("host", HOST_OPS, Family.HOST, _no_features, bytes=lambda c, f: 0.0,
+                         notes="synchronises with or runs on the host: costed by the host model"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public helpers
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CallInfo:
+    """A call with everything the engine and the collector derive from the registry."""
+
+    kind: str
+    family: Family
+    precision: Precision
+    math_mode: str
+    dtypes: str
+    features: Features
+    flops: float
+    bytes: float
+
+
+def describe(call: OpCall, allow_tf32: bool) -> CallInfo:
+    kind = REGISTRY.for_op(call.op)
+    family = kind.family
+    if call.on_host_only():
+        family = Family.HOST
+    feats = kind.features(call)
+    return CallInfo(kind.name, family, precision_of(call, allow_tf32), math_mode(call, allow_tf32),
+                    dtypes_key(call), {k: v for k, v in feats.items() if not k.startswith("_")},
+                    float(kind.flops(call, feats)), float(kind.bytes(call, feats)))
+
+
+def grid_calls(precisions: Iterable[Precision] = FLOAT_PRECISIONS) -> Iterable[tuple[OpKind, Precision, OpCall]]:
+    """The generic campaign: every kind's sweep in every precision it applies to."""
+    for p in precisions:
+        for kind in REGISTRY.kinds():
+            if kind.grid is None:
+                continue
+            for call in kind.grid(p):
+                yield kind, p, call
+
+
+def log_distance(a: Features, b: Features, axes: tuple[str, ...]) -> float:
+    return math.sqrt(sum((math.log(max(a[x], 1)) - math.log(max(b[x], 1))) ** 2 for x in axes))

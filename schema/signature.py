@@ -1,0 +1,178 @@
+"""The canonical form of one aten operator call: what the tracer records, the collector replays and
+the engine looks up. A call is the operator's name plus its arguments with tensors reduced to
+(shape, dtype, strides, offset, device); its key is a hash of that form plus the math mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .precision import DType
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor argument as the kernel sees it. `host` marks CPU-resident tensors on a CUDA run."""
+
+    shape: tuple[int, ...]
+    dtype: DType
+    strides: tuple[int, ...] | None = None  # None: contiguous
+    offset: int = 0
+    host: bool = False
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def effective_strides(self) -> tuple[int, ...]:
+        return self.strides if self.strides is not None else contiguous_strides(self.shape)
+
+    def storage_numel(self) -> int:
+        """Elements the backing storage must hold for this view."""
+        if self.numel == 0:
+            return self.offset
+        st = self.effective_strides()
+        return self.offset + 1 + sum((d - 1) * s for d, s in zip(self.shape, st, strict=True))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"T": list(self.shape), "d": str(self.dtype)}
+        if self.strides is not None:
+            out["s"] = list(self.strides)
+        if self.offset:
+            out["o"] = self.offset
+        if self.host:
+            out["h"] = 1
+        return out
+
+    @staticmethod
+    def from_json(obj: dict[str, Any]) -> TensorSpec:
+        shape = tuple(int(x) for x in obj["T"])
+        strides = tuple(int(x) for x in obj["s"]) if "s" in obj else None
+        if strides is not None and strides == contiguous_strides(shape):
+            strides = None
+        return TensorSpec(shape, DType(obj["d"]), strides, int(obj.get("o", 0)), bool(obj.get("h", 0)))
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A typed non-tensor argument that JSON cannot carry by itself (dtype, device, layout, ...)."""
+
+    tag: str  # "dtype" | "device" | "layout" | "mf" | "float"
+    value: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {self.tag: self.value}
+
+
+ArgValue = Any  # TensorSpec | Scalar | int | float | bool | str | None | list[ArgValue]
+
+
+def _encode(v: ArgValue) -> Any:
+    if isinstance(v, TensorSpec | Scalar):
+        return v.to_json()
+    if isinstance(v, list | tuple):
+        return [_encode(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"float": repr(v)}
+    return v
+
+
+def _decode(v: Any) -> ArgValue:
+    if isinstance(v, dict):
+        if "T" in v:
+            return TensorSpec.from_json(v)
+        ((tag, value),) = v.items()
+        if tag == "float":
+            return float(value)
+        return Scalar(tag, value)
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    return v
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """One operator invocation: `op` is torch's overload name, e.g. "aten.mm.default"."""
+
+    op: str
+    args: tuple[ArgValue, ...]
+    kwargs: tuple[tuple[str, ArgValue], ...] = ()
+    _json: str = field(default="", compare=False, repr=False)
+
+    def to_json_str(self) -> str:
+        if self._json:
+            return self._json
+        body = {"a": _encode(list(self.args))}
+        if self.kwargs:
+            body["k"] = {k: _encode(v) for k, v in self.kwargs}
+        s = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        object.__setattr__(self, "_json", s)
+        return s
+
+    @staticmethod
+    def from_json_str(op: str, s: str) -> OpCall:
+        body = json.loads(s)
+        args = tuple(_decode(x) for x in body["a"])
+        kwargs = tuple(sorted((k, _decode(v)) for k, v in body.get("k", {}).items()))
+        return OpCall(op, args, kwargs, s)
+
+    def kwarg(self, name: str, default: ArgValue = None) -> ArgValue:
+        for k, v in self.kwargs:
+            if k == name:
+                return v
+        return default
+
+    def tensors(self) -> Iterator[TensorSpec]:
+        """Every tensor argument, lists flattened, in argument order."""
+        for v in list(self.args) + [v for _, v in self.kwargs]:
+            yield from _iter_tensors(v)
+
+    def device_tensors(self) -> list[TensorSpec]:
+        return [t for t in self.tensors() if not t.host]
+
+    def arg_tensor(self, i: int) -> TensorSpec:
+        v = self.args[i]
+        if not isinstance(v, TensorSpec):
+            raise TypeError(f"{self.op}: argument {i} is not a tensor")
+        return v
+
+    def on_host_only(self) -> bool:
+        ts = list(self.tensors())
+        return bool(ts) and all(t.host for t in ts)
+
+
+def _iter_tensors(v: ArgValue) -> Iterator[TensorSpec]:
+    if isinstance(v, TensorSpec):
+        yield v
+    elif isinstance(v, list | tuple):
+        for x in v:
+            yield from _iter_tensors(x)
+
+
+def call_key(op: str, sig_json: str, math_mode: str) -> str:
+    """Stable 16-hex key of (operator, canonical arguments, math mode such as "tf32")."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(op.encode())
+    h.update(b"|")
+    h.update(sig_json.encode())
+    h.update(b"|")
+    h.update(math_mode.encode())
+    return h.hexdigest()

@@ -1,0 +1,127 @@
+"""Parquet table schemas of the profile database, and the provenance every file carries.
+
+The database of one GPU type lives under data/<gpu>/: ops/*.parquet (operator latencies),
+comm/*.parquet (collectives), and validation runs under data/validation/. Provenance is stored twice:
+as columns (so SQL can filter and group by it) and as file metadata under the key `tp_query`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from .ops import FEATURE_COLUMNS
+
+SCHEMA_VERSION = 1
+COLLECTOR_VERSION = "0.1.0"
+METADATA_KEY = b"tp_query"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a measurement came from. Part of every row and every file."""
+
+    gpu: str  # normalised name: h200, h100, ...
+    gpu_name: str  # as NVML reports it
+    driver: str
+    cuda: str
+    torch: str
+    cudnn: str
+    collector_version: str = COLLECTOR_VERSION
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(s: str | bytes) -> Provenance:
+        return Provenance(**json.loads(s))
+
+
+PROVENANCE_FIELDS: list[pa.Field] = [
+    pa.field("gpu", pa.string()), pa.field("gpu_name", pa.string()), pa.field("driver", pa.string()),
+    pa.field("cuda", pa.string()), pa.field("torch", pa.string()), pa.field("cudnn", pa.string()),
+    pa.field("collector_version", pa.string()), pa.field("schema_version", pa.int32()),
+]
+
+_FEATURE_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
+
+OPS_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.string()),
+        pa.field("op", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("family", pa.string()),
+        pa.field("precision", pa.string()),
+        pa.field("math_mode", pa.string()),
+        pa.field("dtypes", pa.string()),
+        pa.field("signature", pa.string()),
+    ]
+    + [pa.field(name, _FEATURE_TYPES[t]) for name, t in FEATURE_COLUMNS.items()]
+    + [
+        pa.field("flops", pa.float64()),
+        pa.field("bytes", pa.float64()),
+        pa.field("latency_us", pa.float64()),  # median, L2 flushed before every sample
+        pa.field("p20_us", pa.float64()),
+        pa.field("p80_us", pa.float64()),
+        pa.field("min_us", pa.float64()),
+        pa.field("samples", pa.int32()),
+        pa.field("latency_warm_us", pa.float64()),  # median back-to-back (CUDA graph), L2 warm
+        pa.field("warm_samples", pa.int32()),
+        pa.field("method", pa.string()),  # events | graph | cpu-wall
+        pa.field("status", pa.string()),  # ok | unsupported | oom | error
+        pa.field("reason", pa.string()),
+        pa.field("sm_clock_mhz", pa.int32()),
+        pa.field("mem_clock_mhz", pa.int32()),
+        pa.field("throttle", pa.int64()),  # NVML clock-event reasons bitmask, OR over the point
+        pa.field("campaign", pa.string()),
+        pa.field("run", pa.int32()),  # 1: first measurement; 2: repeat for the spread check
+        pa.field("measured_at", pa.timestamp("ms", tz="UTC")),
+    ]
+    + PROVENANCE_FIELDS
+)
+
+VALIDATION_SCHEMA = pa.schema(
+    [
+        pa.field("case_id", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("config_json", pa.string()),
+        pa.field("layers", pa.int32()),
+        pa.field("setting", pa.string()),
+        pa.field("micro_batch", pa.int32()),
+        pa.field("seq_len", pa.int32()),
+        pa.field("optimizer", pa.string()),
+        pa.field("tp_shard", pa.int32()),  # the case runs the TP-shard-shaped model of this TP degree
+        pa.field("accum", pa.int32()),  # micro-batches per optimizer step
+        pa.field("split", pa.string()),  # calibration | holdout
+        pa.field("status", pa.string()),  # ok | oom | error
+        pa.field("reason", pa.string()),
+        pa.field("iteration_ms", pa.float64()),  # median over timed iterations
+        pa.field("p20_ms", pa.float64()),
+        pa.field("p80_ms", pa.float64()),
+        pa.field("iterations", pa.int32()),
+        pa.field("samples_ms", pa.list_(pa.float64())),
+        pa.field("peak_allocated_bytes", pa.int64()),
+        pa.field("peak_reserved_bytes", pa.int64()),
+        pa.field("kernel_ms", pa.float64()),  # sum of kernel time in one profiled iteration (when profiled)
+        pa.field("kernel_breakdown_json", pa.string()),
+        pa.field("sm_clock_mhz", pa.int32()),
+        pa.field("measured_at", pa.timestamp("ms", tz="UTC")),
+    ]
+    + PROVENANCE_FIELDS
+)
+
+OPLOG_SCHEMA = pa.schema(
+    [pa.field("case_id", pa.string()), pa.field("setting", pa.string()), pa.field("phase", pa.string()), pa.field("op", pa.string()), pa.field("signature", pa.string()), pa.field("count", pa.int32()), *PROVENANCE_FIELDS]
+)
+
+COMM_SCHEMA = pa.schema(
+    [pa.field("collective", pa.string()), pa.field("bytes", pa.int64()), pa.field("ranks", pa.int32()), pa.field("dtype", pa.string()), pa.field("link", pa.string()), pa.field("latency_us", pa.float64()), pa.field("p20_us", pa.float64()), pa.field("p80_us", pa.float64()), pa.field("samples", pa.int32()), pa.field("bus_bw_gbps", pa.float64()), pa.field("status", pa.string()), pa.field("reason", pa.string()), pa.field("measured_at", pa.timestamp("ms", tz="UTC")), *PROVENANCE_FIELDS]
+)
+
+
+def provenance_columns(p: Provenance) -> dict[str, Any]:
+    return asdict(p)

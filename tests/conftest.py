@@ -1,0 +1,73 @@
+"""Shared fixtures. CI has no GPU: tests marked `gpu` skip there; everything else runs for real on
+the CPU (the collector's CPU mode measures real kernels and writes a real Parquet database)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+              "intermediate_size": 344, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4,
+              "vocab_size": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 1024}
+TINY_GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 128, "n_layer": 3, "n_head": 4,
+             "vocab_size": 512, "n_positions": 512}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for it in items:
+        if "gpu" in it.keywords:
+            it.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    os.environ["TP_QUERY_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("models") / "tiny-llama.json"
+    p.write_text(json.dumps(TINY_LLAMA))
+    return p
+
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tp_query.engine.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600)
+
+
+def run_collector(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tp_query.collector", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=900)
+
+
+@pytest.fixture(scope="session")
+def cpu_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real database measured on this CPU: the tiny grid plus the exact calls of a tiny model."""
+    root = tmp_path_factory.mktemp("db")
+    sigs = root / "tiny.jsonl"
+    model = root / "tiny.json"
+    model.write_text(json.dumps(TINY_LLAMA))
+    r = run_cli("sigs", str(model), "--out", str(sigs), "--seq-len", "64", "--micro-batch", "1",
+                "--precision", "amp_bf16", "--precision", "fp32")
+    assert r.returncode == 0, r.stderr
+    r = run_collector("collect", "--gpu", "cpu", "--grid", "--tiny", "1", "--sigs", str(sigs),
+                      "--out", str(root / "cpu" / "ops"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    return root

@@ -1,0 +1,92 @@
+"""The command-line contract, run as users and scripts run it: subprocesses, exit codes, JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .conftest import TINY_LLAMA, run_cli
+
+
+def test_predict_json_contract(cpu_db: Path, tiny_llama_file: Path) -> None:
+    r = run_cli("predict", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db), "--seq-len", "64",
+                "--dp", "2", "--tp", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for k in ("iteration_ms", "breakdown", "peak_memory_gib", "fits", "sources", "warnings"):
+        assert k in d
+    for k in ("forward_ms", "backward_ms", "optimizer_ms", "dp_comm_ms", "tp_comm_ms", "pp_comm_ms",
+              "pipeline_bubble_ms", "host_overhead_ms"):
+        assert isinstance(d["breakdown"][k], float)
+    assert set(d["sources"]) >= {"exact", "interpolated", "extrapolated", "miss"}
+    assert d["config"]["gpus"] == 4
+
+
+def test_predict_table_and_ops(cpu_db: Path, tiny_llama_file: Path) -> None:
+    r = run_cli("predict", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db), "--seq-len", "64")
+    assert r.returncode == 0 and "iteration time" in r.stdout and "peak memory" in r.stdout
+    r = run_cli("ops", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db), "--seq-len", "64", "--json",
+                "--top", "5")
+    rows = json.loads(r.stdout)
+    assert len(rows) == 5 and {"op", "phase", "precision", "count", "latency_us", "source"} <= set(rows[0])
+
+
+def test_sql_and_db_info(cpu_db: Path) -> None:
+    r = run_cli("sql", "SELECT kind, count(*) AS n FROM ops GROUP BY kind ORDER BY n DESC", "--gpu", "cpu",
+                "--db", str(cpu_db), "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["n"] > 0
+    r = run_cli("db", "info", "--gpu", "cpu", "--db", str(cpu_db))
+    assert r.returncode == 0 and "provenance" in r.stdout
+
+
+@pytest.mark.parametrize("content, args, msg", [
+    ("{not json", [], "malformed JSON"),
+    (json.dumps({**TINY_LLAMA, "architectures": ["BloomForCausalLM"], "model_type": "bloom"}), [],
+     "unsupported architecture"),
+    (json.dumps(TINY_LLAMA), ["--tp", "3"], "does not divide"),
+    (json.dumps(TINY_LLAMA), ["--pp", "9"], "larger than the number of layers"),
+    (json.dumps(TINY_LLAMA), ["--seq-len", "0"], "positive"),
+    (json.dumps(TINY_LLAMA), ["--gpu", "h900"], "unknown GPU"),
+    (json.dumps(TINY_LLAMA), ["--gpu", "h100"], "no profile database"),
+    (json.dumps({**TINY_LLAMA, "hidden_size": 0}), [], "positive integer"),
+])
+def test_bad_input_is_one_line_exit_2(cpu_db: Path, tmp_path: Path, content: str, args: list[str], msg: str) -> None:
+    f = tmp_path / "m.json"
+    f.write_text(content)
+    full = ["predict", str(f), "--db", str(cpu_db), "--seq-len", "64"]
+    if "--gpu" not in args:
+        full += ["--gpu", "cpu"]
+    r = run_cli(*full, *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert msg in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_missing_model_file(cpu_db: Path) -> None:
+    r = run_cli("predict", "/nonexistent/config.json", "--gpu", "cpu", "--db", str(cpu_db))
+    assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_trace_a_user_module(tmp_path: Path, cpu_db: Path) -> None:
+    mod = tmp_path / "mymodel.py"
+    mod.write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.a = torch.nn.Linear(64, 256)\n"
+        "        self.b = torch.nn.Linear(256, 64)\n"
+        "    def forward(self, x):\n"
+        "        return self.b(torch.relu(self.a(x))).square().mean()\n"
+        "def make():\n    return Net()\n"
+        "def inputs(model):\n    return (torch.randn(32, 64),)\n")
+    out = tmp_path / "g.json.gz"
+    r = run_cli("trace", f"{mod}:make", "--inputs", f"{mod}:inputs", "--out", str(out), "--precision", "fp32")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["iteration_ms"] > 0
+    r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--tp", "2")
+    assert r.returncode == 2 and "runs as traced" in r.stderr

@@ -1,0 +1,122 @@
+"""The collector end to end in its CPU mode: planning, replay, timing, resumption, writing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tp_query.collector.campaign import run_campaign
+from tp_query.collector.device import Device
+from tp_query.collector.plan import grid_points, signature_points, write_signature_file
+from tp_query.collector.store import ChunkedStore, StoreError
+from tp_query.collector.timing import Timer
+from tp_query.schema.tables import METADATA_KEY, OPS_SCHEMA, Provenance
+
+from .conftest import run_collector
+
+KINDS = {"mm", "elementwise", "rms_norm_fwd", "embedding_bwd", "foreach:_foreach_addcdiv_.ScalarList"}
+
+
+def _rows(folder: Path) -> list[dict]:
+    rows = []
+    for f in sorted(folder.glob("*.parquet")):
+        rows += pq.read_table(f).to_pylist()
+    return rows
+
+
+def test_plan_is_deterministic_and_keyed() -> None:
+    a = grid_points(kinds=KINDS, tiny=2)
+    b = grid_points(kinds=KINDS, tiny=2)
+    assert [p.key for p in a] == [p.key for p in b]
+    assert len({p.key for p in a}) == len(a)
+    assert {p.info.kind for p in a} == KINDS
+
+
+def test_campaign_resumes_without_duplicates(tmp_path: Path) -> None:
+    pts = grid_points(kinds=KINDS, tiny=2)
+    dev = Device(cpu=True)
+    timer = Timer(dev.torch_device, max_point_s=0.05)
+    first = run_campaign(pts, tmp_path, dev, budget_s=0.0, progress=False, timer=timer)  # stops after one point
+    assert first.measured == 1 and first.remaining == len(pts) - 1
+    second = run_campaign(pts, tmp_path, dev, progress=False, timer=timer)
+    assert second.skipped_done == 1 and second.measured == len(pts) - 1 and second.remaining == 0
+    rows = _rows(tmp_path)
+    assert sorted(r["key"] for r in rows) == sorted(p.key for p in pts)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok and all(r["latency_us"] > 0 and r["p20_us"] <= r["latency_us"] <= r["p80_us"] for r in ok)
+    assert all(r["precision"] and r["gpu"] == "cpu" and r["schema_version"] == 1 for r in rows)
+    md = pq.read_metadata(next(tmp_path.glob("*.parquet"))).metadata
+    assert Provenance.from_json(md[METADATA_KEY]).gpu == "cpu"
+    third = run_campaign(pts, tmp_path, dev, progress=False, timer=timer)
+    assert third.measured == 0 and third.skipped_done == len(pts)
+
+
+def test_failures_are_rows_with_reasons(tmp_path: Path) -> None:
+    pts = grid_points(kinds={"attn_cudnn_fwd"}, tiny=1)
+    res = run_campaign(pts, tmp_path, Device(cpu=True), progress=False)
+    rows = _rows(tmp_path)
+    assert res.failed == len(pts) == len(rows)
+    assert all(r["status"] == "unsupported" and "CPU" in r["reason"] for r in rows)
+
+
+def test_journal_survives_a_kill(tmp_path: Path) -> None:
+    prov = Device(cpu=True).provenance()
+    pts = grid_points(kinds={"elementwise"}, tiny=3)
+    dev = Device(cpu=True)
+    from tp_query.collector.campaign import measure_point
+
+    store = ChunkedStore(tmp_path, "grid", OPS_SCHEMA, prov)
+    timer = Timer(dev.torch_device, max_point_s=0.02)
+    for p in pts[:2]:
+        store.append(measure_point(p, dev, timer, 1, prov))
+    with store.journal.open("a") as f:
+        f.write('{"key": "half a line')  # the kill happened mid-write
+    del store  # no flush: as if SIGKILLed
+    again = ChunkedStore(tmp_path, "grid", OPS_SCHEMA, prov)
+    assert {k[0] for k in again.done_keys()} == {p.key for p in pts[:2]}
+    assert not again.journal.exists()
+
+
+def test_corrupt_parquet_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "grid-00000.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(StoreError, match="corrupt or unreadable Parquet file"):
+        ChunkedStore(tmp_path, "grid", OPS_SCHEMA, Device(cpu=True).provenance())
+    r = run_collector("collect", "--gpu", "cpu", "--grid", "--tiny", "1", "--kinds", "mm", "--out", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.startswith("error: corrupt") and "Traceback" not in r.stderr
+    assert (tmp_path / "grid-00000.parquet").read_bytes() == b"PAR1 not really"  # nothing deleted
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_folder(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    r = run_collector("collect", "--gpu", "cpu", "--grid", "--tiny", "1", "--kinds", "mm", "--out", str(ro / "x"))
+    assert r.returncode == 2 and "not writable" in r.stderr
+
+
+def test_unwritable_folder_as_a_file(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = run_collector("collect", "--gpu", "cpu", "--grid", "--tiny", "1", "--kinds", "mm", "--out", str(blocker / "ops"))
+    assert r.returncode == 2 and "not writable" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("gpu, msg", [("h200", "no CUDA GPU is visible"), ("rtx9090", "unknown GPU")])
+def test_gpu_name_checks(tmp_path: Path, gpu: str, msg: str) -> None:
+    r = run_collector("collect", "--gpu", gpu, "--grid", "--out", str(tmp_path))
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+
+
+def test_signature_file_roundtrip(tmp_path: Path) -> None:
+    pts = grid_points(kinds={"mm"}, tiny=3)
+    f = tmp_path / "s.jsonl"
+    n = write_signature_file(f, [(p.call.op, p.call.to_json_str(), p.allow_tf32) for p in pts + pts])
+    assert n == len(pts)
+    back = signature_points(f)
+    assert [p.key for p in back] == [p.key for p in pts]
+    assert all(json.loads(line)["op"] == "aten.mm.default" for line in f.read_text().splitlines())

@@ -1,0 +1,114 @@
+"""Predictions on a real (CPU-measured) database: composition, schedule, memory, provenance."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tp_query.engine.db import Database, DatabaseError
+from tp_query.engine.predict import Engine, PredictError, PredictRequest
+from tp_query.schema.precision import Setting
+
+from .conftest import TINY_LLAMA
+
+
+def req(**kw: object) -> PredictRequest:
+    base: dict = dict(model=TINY_LLAMA, model_name="tiny", gpu="cpu", setting=Setting.AMP_BF16, seq_len=64)
+    base.update(kw)
+    return PredictRequest(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def eng(cpu_db: Path) -> Engine:
+    return Engine("cpu", str(cpu_db))
+
+
+def test_breakdown_adds_up_and_sources_are_reported(eng: Engine) -> None:
+    p = eng.predict(req(db_root=str(eng.db.root)))
+    assert p.iteration_ms == pytest.approx(sum(p.breakdown.values()), rel=1e-9)
+    assert p.breakdown["forward_ms"] > 0 and p.breakdown["backward_ms"] > p.breakdown["forward_ms"]
+    assert p.breakdown["host_overhead_ms"] >= 0
+    assert sum(v for k, v in p.sources.items()) == pytest.approx(1.0)
+    assert p.sources["exact"] > 0.3  # the tiny model's exact calls were measured
+    assert p.fits and p.peak_memory_gib > 0
+
+
+def test_exact_calls_of_the_measured_setting(eng: Engine) -> None:
+    p = eng.predict(req(setting=Setting.FP32), with_ops=True)
+    mm = [r for r in p.ops if r.op == "aten.mm.default"]
+    assert mm and all(r.source == "exact" for r in mm)
+
+
+def test_parallel_splits(eng: Engine) -> None:
+    one = eng.predict(req())
+    tp2 = eng.predict(req(tp=2))
+    assert tp2.breakdown["tp_comm_ms"] > 0 and one.breakdown["tp_comm_ms"] == 0
+    assert tp2.peak_memory_gib < one.peak_memory_gib
+    dp2 = eng.predict(req(dp=2))
+    assert dp2.breakdown["dp_comm_ms"] > 0
+    z1 = eng.predict(req(dp=2, zero=1))
+    assert z1.memory["optimizer_gib"] == pytest.approx(dp2.memory["optimizer_gib"] / 2, rel=0.01)
+    pp = eng.predict(req(pp=2, global_batch=4))
+    assert pp.breakdown["pipeline_bubble_ms"] > 0 and pp.breakdown["pp_comm_ms"] > 0
+    assert [s["layers"] for s in pp.stages] == [2, 2]
+    ga = eng.predict(req(global_batch=4))
+    assert ga.config["micro_batches"] == 4
+    assert ga.iteration_ms > 3 * one.iteration_ms - one.breakdown["optimizer_ms"]
+
+
+def test_precision_changes_time_and_memory(eng: Engine) -> None:
+    amp = eng.predict(req(setting=Setting.AMP_BF16))
+    bf = eng.predict(req(setting=Setting.BF16))
+    assert bf.memory["weights_gib"] == pytest.approx(amp.memory["weights_gib"] / 2, rel=0.01)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(tp=3), "does not divide"),
+    (dict(pp=5), "larger than the number of layers"),
+    (dict(dp=2, global_batch=3), "not a multiple"),
+    (dict(zero=4), "ZeRO stage"),
+    (dict(optimizer="lamb"), "unknown optimizer"),
+    (dict(model={"architectures": ["T5ForConditionalGeneration"]}), "unsupported architecture"),
+    (dict(sequence_parallel=True), "needs TP > 1"),
+])
+def test_impossible_requests(eng: Engine, kw: dict, msg: str) -> None:
+    with pytest.raises(PredictError, match=msg):
+        eng.predict(req(**kw))
+
+
+def test_unknown_gpu_and_missing_database(cpu_db: Path) -> None:
+    with pytest.raises(PredictError, match="unknown GPU"):
+        Engine("rtx9090", str(cpu_db))
+    with pytest.raises(DatabaseError, match=r"no profile database for GPU 'h100'.*available: cpu"):
+        Engine("h100", str(cpu_db))
+
+
+def test_corrupt_database_file(cpu_db: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "db"
+    shutil.copytree(cpu_db / "cpu", bad / "cpu")
+    (bad / "cpu" / "ops" / "zz.parquet").write_bytes(b"garbage")
+    with pytest.raises(DatabaseError, match="corrupt Parquet file"):
+        Database("cpu", bad)
+
+
+def test_sql_views(cpu_db: Path) -> None:
+    db = Database("cpu", cpu_db)
+    rows = db.sql("SELECT precision, count(*) AS n FROM ops_ok GROUP BY precision ORDER BY precision").to_pylist()
+    assert {r["precision"] for r in rows} >= {"fp32", "bf16"}
+    s = db.sql("SELECT * FROM op_summary LIMIT 3").to_pylist()
+    assert s and "median_us" in s[0]
+
+
+def test_graph_file_as_model(eng: Engine, tmp_path: Path) -> None:
+    from tp_query.engine.predict import graph_for
+
+    r = req()
+    g = graph_for(r)
+    path = tmp_path / "g.json"
+    g.save(path)
+    p1 = eng.predict(r)
+    p2 = eng.predict(req(model=json.loads(path.read_text())))
+    assert p2.iteration_ms == pytest.approx(p1.iteration_ms)

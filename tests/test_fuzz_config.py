@@ -1,0 +1,51 @@
+"""Fuzz the model-file parser: any JSON value is either a ModelSpec or a one-line ConfigError."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tp_query.schema.model_config import ConfigError, parse_config
+
+from .conftest import TINY_GPT2, TINY_LLAMA
+
+CASES = {"n": 0}
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                           max_leaves=8)
+
+
+def _check(obj: object) -> None:
+    CASES["n"] += 1
+    try:
+        spec = parse_config(obj)
+    except ConfigError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert spec.hidden_size > 0 and spec.num_layers > 0 and spec.vocab_size > 0
+    assert spec.num_heads % spec.num_kv_heads == 0
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(json_values)
+def test_arbitrary_json(obj: object) -> None:
+    _check(obj)
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.sampled_from([TINY_LLAMA, TINY_GPT2]), st.dictionaries(
+    st.sampled_from(["hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "vocab_size",
+                     "intermediate_size", "head_dim", "n_embd", "n_head", "n_layer", "n_inner", "rope_theta",
+                     "rope_parameters", "architectures", "model_type", "rms_norm_eps", "hidden_act",
+                     "tie_word_embeddings", "sliding_window", "attn_pdrop"]),
+    json_values, max_size=4))
+def test_mutated_real_configs(base: dict, changes: dict) -> None:
+    _check({**base, **changes})
+    _check(json.loads(json.dumps({**base, **changes})))
+
+
+def test_report_cases_tried() -> None:
+    print(f"\nfuzzed the model-file parser with {CASES['n']} cases")
+    assert CASES["n"] >= 1000

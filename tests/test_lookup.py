@@ -1,0 +1,139 @@
+"""Interpolation against synthetic tables from closed-form physics, where the answers are known."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tp_query.engine.lookup import LatencyModel, Query, Source, roofline_us
+from tp_query.schema.gpus import H200
+from tp_query.schema.ops import describe, gemm_layout_call
+from tp_query.schema.precision import DType, Precision
+from tp_query.schema.signature import OpCall, TensorSpec, call_key
+
+PEAK = H200.peak_flops[Precision.BF16]
+
+
+def power_law_us(m: int, n: int, k: int) -> float:
+    """A latency that is a pure power law in m, n, k: log-multilinear interpolation is exact."""
+    return 3.0 * (m / 1024) ** 0.9 * (n / 1024) ** 1.0 * (k / 1024) ** 1.1
+
+
+def compute_bound_us(m: int, n: int, k: int) -> float:
+    """70% of peak: holding efficiency against the roofline extrapolates exactly."""
+    return 2.0 * m * n * k / (0.7 * PEAK) * 1e6
+
+
+class FakeDb:
+    """The PointSource protocol over an in-memory table (no DuckDB needed for the algebra)."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def exact(self, keys: list[str]) -> dict[str, tuple[float, float | None]]:
+        return {r["key"]: (r["latency_us"], r["latency_warm_us"]) for r in self.rows if r["key"] in set(keys)}
+
+    def family_points(self, family: str, categories: list[tuple[str, str, str, str]], columns: list[str]) -> pa.Table:
+        cats = set(categories)
+        sel = [r for r in self.rows if r["family"] == family
+               and (r["op"], r["precision"], r["math_mode"], r["dtypes"]) in cats]
+        return pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in sel])
+
+    def op_family_points(self, family: str, ops: list[tuple[str, str]], columns: list[str]) -> pa.Table:
+        sel = [r for r in self.rows if r["family"] == family and (r["op"], r["precision"]) in set(ops)]
+        return pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in sel])
+
+
+def table(law: Any, values: tuple[int, ...]) -> FakeDb:
+    rows = []
+    for m in values:
+        for n in values:
+            for k in values:
+                call = gemm_layout_call(m, n, k, "nt", DType.BF16)
+                info = describe(call, False)
+                t = law(m, n, k)
+                rows.append({"key": call_key(call.op, call.to_json_str(), info.math_mode), "op": call.op,
+                             "family": "gemm", "precision": "bf16", "math_mode": "", "dtypes": info.dtypes,
+                             "flops": info.flops, "bytes": info.bytes, "latency_us": t, "latency_warm_us": t * 0.9,
+                             **info.features})
+    return FakeDb(rows)
+
+
+def query(m: int, n: int, k: int, layout: str = "nt") -> Query:
+    call = gemm_layout_call(m, n, k, layout, DType.BF16)
+    info = describe(call, False)
+    return Query(call_key(call.op, call.to_json_str(), info.math_mode), call.op, info)
+
+
+GRID = (512, 1024, 2048, 4096, 8192)
+
+
+def test_exact_hit() -> None:
+    lm = LatencyModel(table(power_law_us, GRID), H200)
+    e = lm.estimate([query(1024, 2048, 4096)])[query(1024, 2048, 4096).key]
+    assert e.source == Source.EXACT
+    assert e.cold_us == pytest.approx(power_law_us(1024, 2048, 4096))
+    assert e.warm_us == pytest.approx(0.9 * power_law_us(1024, 2048, 4096))
+
+
+@pytest.mark.parametrize("mnk", [(1536, 3000, 5000), (700, 8000, 1100), (4097, 4095, 2049)])
+def test_bracket_and_blend_is_exact_for_power_laws(mnk: tuple[int, int, int]) -> None:
+    lm = LatencyModel(table(power_law_us, GRID), H200)
+    q = query(*mnk)
+    e = lm.estimate([q])[q.key]
+    assert e.source == Source.INTERPOLATED
+    assert e.cold_us == pytest.approx(power_law_us(*mnk), rel=1e-9)
+
+
+def test_roofline_hold_extrapolates_compute_bound_exactly() -> None:
+    lm = LatencyModel(table(compute_bound_us, GRID), H200)
+    q = query(16384, 16384, 16384)
+    e = lm.estimate([q])[q.key]
+    assert e.source == Source.EXTRAPOLATED
+    assert e.cold_us == pytest.approx(compute_bound_us(16384, 16384, 16384), rel=1e-6)
+
+
+def test_other_layout_is_a_relaxed_category() -> None:
+    lm = LatencyModel(table(compute_bound_us, GRID), H200)
+    q = query(2048, 2048, 2048, layout="tn")
+    e = lm.estimate([q])[q.key]
+    assert e.source == Source.EXTRAPOLATED  # same op and dtypes, another layout: held, and said so
+    assert e.cold_us == pytest.approx(compute_bound_us(2048, 2048, 2048), rel=1e-6)
+
+
+def test_structured_miss_and_no_kernel() -> None:
+    lm = LatencyModel(table(power_law_us, GRID), H200)
+    t = TensorSpec((1 << 20,), DType.BF16)
+    call = OpCall("aten.sigmoid.default", (t,))
+    info = describe(call, False)
+    view = OpCall("aten.view.default", (t, [1024, 1024]))
+    vinfo = describe(view, False)
+    qs = [Query("s", call.op, info), Query("v", view.op, vinfo)]
+    res = lm.estimate(qs)
+    assert res["s"].source == Source.MISS
+    assert res["s"].cold_us == pytest.approx(roofline_us(info.flops, info.bytes, info.precision, H200) / 0.5)
+    assert res["v"].source == Source.NO_KERNEL and res["v"].cold_us == 0.0
+
+
+def test_one_dimensional_elementwise_blend() -> None:
+    rows = []
+    for e in range(12, 28, 2):
+        n = 2 ** e
+        call = OpCall("aten.mul.Tensor", (TensorSpec((n,), DType.BF16), TensorSpec((n,), DType.BF16)))
+        info = describe(call, False)
+        t = 2.0 + info.bytes / 3e12 * 1e6
+        rows.append({"key": f"k{e}", "op": call.op, "family": "elementwise", "precision": "bf16", "math_mode": "",
+                     "dtypes": info.dtypes, "flops": info.flops, "bytes": info.bytes, "latency_us": t,
+                     "latency_warm_us": t, **info.features})
+    lm = LatencyModel(FakeDb(rows), H200)
+    n = 3 * 2**20
+    call = OpCall("aten.mul.Tensor", (TensorSpec((n,), DType.BF16), TensorSpec((n,), DType.BF16)))
+    info = describe(call, False)
+    e = lm.estimate([Query("q", call.op, info)])["q"]
+    exact = 2.0 + info.bytes / 3e12 * 1e6
+    assert e.source == Source.INTERPOLATED
+    assert e.cold_us == pytest.approx(exact, rel=1e-9)  # linear blend of an affine law: exact
+    assert math.isfinite(e.warm_us)

@@ -1,0 +1,105 @@
+"""The contract both sides read: operator registry, signatures, precisions, model configs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tp_query.schema import ops
+from tp_query.schema.model_config import ArchFamily, ConfigError, parse_config
+from tp_query.schema.ops import REGISTRY, Family, OpKind, Registry, describe, grid_calls
+from tp_query.schema.precision import DType, Precision
+from tp_query.schema.signature import OpCall, TensorSpec, call_key
+
+from .conftest import TINY_GPT2, TINY_LLAMA
+
+
+def test_duplicate_registration_raises() -> None:
+    reg = Registry()
+    k = OpKind("a", ("aten.x.default",), Family.ELEMENTWISE, lambda c: {})
+    reg.register(k)
+    with pytest.raises(ValueError, match="registered twice"):
+        reg.register(k)
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register(OpKind("b", ("aten.x.default",), Family.ELEMENTWISE, lambda c: {}))
+
+
+def test_every_grid_call_describes_and_keys() -> None:
+    seen = set()
+    n = 0
+    for kind, p, call in grid_calls():
+        info = describe(call, p == Precision.TF32)
+        assert info.kind == kind.name
+        assert info.bytes > 0
+        if info.family == Family.GEMM:
+            assert info.flops == 2 * info.features["m"] * info.features["n"] * info.features["k"]
+            assert info.precision == p
+        key = call_key(call.op, call.to_json_str(), info.math_mode)
+        seen.add(key)
+        n += 1
+    assert len(seen) > 0.9 * n  # the grid has few duplicates
+
+
+def test_precision_keys() -> None:
+    a = TensorSpec((64, 32), DType.FP32)
+    b = TensorSpec((32, 16), DType.FP32)
+    mm = OpCall("aten.mm.default", (a, b))
+    assert describe(mm, False).precision == Precision.FP32
+    assert describe(mm, True).precision == Precision.TF32
+    assert describe(mm, True).math_mode == "tf32"
+    add = OpCall("aten.add.Tensor", (a, a))
+    assert describe(add, True).precision == Precision.FP32  # TF32 only touches matrix math
+    assert describe(add, True).math_mode == ""
+    # attention backward keeps logsumexp in fp32 but runs in the query's precision
+    bwd = ops.attention_bwd_call(ops._CUDNN, 1, 8, 2, 128, 64, DType.BF16, True)
+    assert describe(bwd, False).precision == Precision.BF16
+
+
+def test_signature_roundtrip_and_layout() -> None:
+    call = ops.gemm_layout_call(256, 512, 128, "tn", DType.BF16)
+    again = OpCall.from_json_str(call.op, call.to_json_str())
+    assert again == call
+    f = describe(again, False).features
+    assert (f["m"], f["n"], f["k"], f["layout"]) == (256, 512, 128, "tn")
+
+
+def test_parse_configs() -> None:
+    s = parse_config(TINY_LLAMA)
+    assert s.family == ArchFamily.LLAMA and s.head_dim == 32 and s.num_kv_heads == 2
+    g = parse_config(TINY_GPT2)
+    assert g.family == ArchFamily.GPT2 and g.intermediate_size == 512 and g.tie_word_embeddings
+    new = {**TINY_LLAMA, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}
+    new.pop("rope_theta")
+    assert parse_config(new).rope_theta == 5e5 and parse_config(new).rope_type == "llama3"
+    q = parse_config({**TINY_LLAMA, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"})
+    assert q.qkv_bias and not q.o_bias
+    assert parse_config({**TINY_LLAMA, "architectures": None, "model_type": "mistral"}).model_type == "mistral"
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ({**TINY_LLAMA, "architectures": ["BertModel"], "model_type": "bert"}, "unsupported architecture"),
+    ({**TINY_LLAMA, "hidden_size": -4}, "positive integer"),
+    ({**TINY_LLAMA, "num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+    ({k: v for k, v in TINY_LLAMA.items() if k != "vocab_size"}, "missing vocab_size"),
+    ([1, 2], "JSON object"),
+])
+def test_bad_configs(bad: object, msg: str) -> None:
+    with pytest.raises(ConfigError, match=msg):
+        parse_config(bad)
+
+
+def test_param_count_llama8b() -> None:
+    from tp_query.collector.validate import LLAMA3_8B
+
+    assert abs(parse_config(LLAMA3_8B).param_count() - 8.03e9) / 8.03e9 < 0.01
+
+
+def test_import_hygiene() -> None:
+    """The engine (prediction from cached graphs, SQL) and the schema import without torch/pynvml."""
+    code = ("import sys; import tp_query.schema.ops, tp_query.schema.tables, tp_query.engine.predict, "
+            "tp_query.engine.cli, tp_query.engine.db; "
+            "bad = [m for m in ('torch', 'pynvml') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

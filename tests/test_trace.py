@@ -1,0 +1,115 @@
+"""The captured graph is what CUDA would run: autocast casts, SDPA backends, TP/SP records, memory."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tp_query.engine.graph import Graph, Phase, Section
+from tp_query.engine.trace.capture import TraceError, TraceRequest, trace_config
+from tp_query.schema.model_config import parse_config
+from tp_query.schema.precision import Setting
+
+from .conftest import TINY_GPT2, TINY_LLAMA
+
+LLAMA = parse_config(TINY_LLAMA, "tiny-llama")
+GPT2 = parse_config(TINY_GPT2, "tiny-gpt2")
+
+
+def ops_of(g: Graph, phase: Phase | None = None) -> Counter[str]:
+    return Counter(o.op for o in g.ops if phase is None or o.phase == phase)
+
+
+@pytest.fixture(scope="module")
+def amp() -> Graph:
+    return trace_config(TraceRequest(LLAMA, Setting.AMP_BF16, 2, 64))
+
+
+def test_phases_and_sections(amp: Graph) -> None:
+    secs = Counter((o.phase, o.section) for o in amp.ops)
+    for key in [(Phase.FWD, Section.EMBED), (Phase.FWD, Section.LAYER), (Phase.FWD, Section.HEAD),
+                (Phase.BWD, Section.HEAD), (Phase.BWD, Section.LAYER), (Phase.BWD, Section.EMBED),
+                (Phase.OPT, Section.OPTIM)]:
+        assert secs[key] > 0, key
+    layer = [o for o in amp.ops if o.section == Section.LAYER]
+    per_layer = Counter((o.phase, o.layer) for o in layer)
+    assert per_layer[(Phase.FWD, 0)] == per_layer[(Phase.FWD, 1)]  # identical layers
+    assert per_layer[(Phase.BWD, 0)] == per_layer[(Phase.BWD, 1)]
+
+
+def test_amp_inserts_casts_and_uses_cudnn_attention(amp: Graph) -> None:
+    fwd = ops_of(amp, Phase.FWD)
+    assert fwd["aten._scaled_dot_product_cudnn_attention.default"] == 2
+    assert ops_of(amp, Phase.BWD)["aten._scaled_dot_product_cudnn_attention_backward.default"] == 2
+    casts = [o.sig for o in amp.ops if o.op == "aten._to_copy.default" and o.phase == Phase.FWD]
+    assert any('"dtype":{"dtype":"bf16"}' in s for s in casts)
+    # weights are cast once per autocast region (cached), activations once per consumer
+    layer0 = [o for o in amp.ops if o.phase == Phase.FWD and o.layer == 0 and o.op == "aten._to_copy.default"]
+    weight_casts = [o for o in layer0 if '"T":[128,128]' in o.sig or '"T":[64,128]' in o.sig]
+    assert len(weight_casts) == 4  # q, k, v, o projections
+    # the loss runs in fp32 under autocast (log_softmax via the fp32 policy)
+    ls = [o.sig for o in amp.ops if o.op == "aten._log_softmax.default"]
+    assert ls and '"d":"fp32"' in ls[0]
+    # optimizer: AdamW foreach, step counters on the host
+    opt = ops_of(amp, Phase.OPT)
+    assert opt["aten._foreach_addcdiv_.ScalarList"] == 1
+    assert any('"h":1' in o.sig for o in amp.ops if o.op.startswith("aten._foreach_add_"))
+
+
+def test_fp32_gqa_falls_back_to_math_attention() -> None:
+    g = trace_config(TraceRequest(LLAMA, Setting.FP32, 1, 64))
+    names = ops_of(g)
+    assert not any("scaled_dot_product" in n and "attention" in n and "math" not in n for n in names)
+    assert names["aten._safe_softmax.default"] == 2 and names["aten.bmm.default"] >= 4  # scores materialised
+    gm = trace_config(TraceRequest(GPT2, Setting.FP32, 1, 64))  # MHA: memory-efficient kernel
+    assert ops_of(gm)["aten._scaled_dot_product_efficient_attention.default"] == 2
+
+
+def test_grad_scaler_under_amp_fp16() -> None:
+    g = trace_config(TraceRequest(LLAMA, Setting.AMP_FP16, 1, 64))
+    opt = ops_of(g, Phase.OPT)
+    assert opt["aten._amp_foreach_non_finite_check_and_unscale_.default"] == 1
+    assert opt["aten._amp_update_scale_.default"] == 1
+    device_syncs = [o for o in g.ops if o.phase == Phase.OPT and o.op == "aten._local_scalar_dense.default"
+                    and '"h":1' not in o.sig]
+    assert len(device_syncs) == 1  # found_inf.item() synchronises; step.item() on host counters does not
+
+
+def test_tensor_parallel_shards_and_comm_records() -> None:
+    g1 = trace_config(TraceRequest(LLAMA, Setting.BF16, 1, 64))
+    g2 = trace_config(TraceRequest(LLAMA, Setting.BF16, 1, 64, tp=2))
+    n1 = sum(p.numel for p in g1.params)
+    n2 = sum(p.numel for p in g2.params)
+    assert n2 < 0.6 * n1
+    comms = Counter((o.phase, o.op) for o in g2.ops if o.op.startswith("comm.") and o.layer == 1)
+    assert comms[(Phase.FWD, "comm.all_reduce")] == 2  # after o_proj and down_proj
+    assert comms[(Phase.BWD, "comm.all_reduce")] == 2  # input grads of the column-parallel layers
+    sp = trace_config(TraceRequest(LLAMA, Setting.BF16, 1, 64, tp=2, sequence_parallel=True))
+    kinds = Counter(o.op for o in sp.ops if o.op.startswith("comm.") and o.layer == 1)
+    assert kinds["comm.all_gather"] == 4 and kinds["comm.reduce_scatter"] == 4
+    with pytest.raises(TraceError, match="does not divide the attention heads"):
+        trace_config(TraceRequest(LLAMA, Setting.BF16, 1, 64, tp=3))
+
+
+def test_recompute_reruns_forward_in_backward_and_saves_memory() -> None:
+    base = trace_config(TraceRequest(LLAMA, Setting.BF16, 2, 128))
+    rc = trace_config(TraceRequest(LLAMA, Setting.BF16, 2, 128, recompute=True))
+    assert ops_of(rc, Phase.BWD)["aten.mm.default"] > ops_of(base, Phase.BWD)["aten.mm.default"]
+    assert rc.memory.layer_act_bytes < base.memory.layer_act_bytes / 2
+
+
+def test_memory_profile_is_consistent(amp: Graph) -> None:
+    m = amp.memory
+    assert m.layer_act_bytes > 0 and m.grad_bytes > 0
+    assert m.traced_peak_bytes >= m.static_bytes + m.fwd_end_bytes
+    # weights (fp32) + AdamW's two moments: 12 bytes per parameter under AMP
+    n = sum(p.numel for p in amp.params if p.name != "head.lm_head.weight" or True)
+    assert abs(m.static_bytes - 12 * n) / (12 * n) < 0.05
+
+
+def test_graph_file_roundtrip(amp: Graph, tmp_path) -> None:
+    p = tmp_path / "g.json.gz"
+    amp.save(p)
+    again = Graph.load(p)
+    assert again.ops == amp.ops and again.params == amp.params and again.memory == amp.memory
