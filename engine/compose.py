@@ -13,7 +13,7 @@ Semantics (Megatron-LM style; see README "Parallelism semantics"):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 from tp_query.schema.ops import CallInfo, describe
@@ -76,17 +76,31 @@ class StageWork:
     first: bool
     last: bool
     layers: int
-    fwd: list[Item]  # one micro-batch
-    bwd: list[Item]  # one micro-batch
+    fwd_parts: list[tuple[Section, int]]  # one micro-batch: sections and how often each repeats
+    bwd_parts: list[tuple[Section, int]]
     opt: list[Item]  # once per step
     accum: list[Item]  # per micro-batch after the first (gradient accumulation)
     ddp: list[Item]  # once per step when DP > 1 and ZeRO 0 (bucket copies)
     params: list[ParamRecord]
-    shared: dict[str, Item] = field(default_factory=dict)
+    composer: Composer
 
     @cached_property
     def param_numel(self) -> int:
         return sum(p.numel for p in self.params)
+
+    def _expand(self, phase: Phase, parts: list[tuple[Section, int]]) -> list[Item]:
+        out: list[Item] = []
+        for sec, n in parts:
+            out += self.composer.part(phase, sec) * n
+        return out
+
+    @property
+    def fwd(self) -> list[Item]:
+        return self._expand(Phase.FWD, self.fwd_parts)
+
+    @property
+    def bwd(self) -> list[Item]:
+        return self._expand(Phase.BWD, self.bwd_parts)
 
 
 _ITEM_CACHE: dict[tuple[str, str, bool], Item] = {}
@@ -135,6 +149,7 @@ class Composer:
         self.traced_params = list(graph.params)
         self.layer_params = [p for p in graph.params if p.section == Section.LAYER and p.layer == tl]
         self.is_layered = graph.meta.traced_layers > 0
+        self._stage_cache: dict[tuple[object, ...], tuple[list[ParamRecord], list[Item], list[Item], list[Item]]] = {}
 
     def part(self, phase: Phase, section: Section) -> list[Item]:
         return self.sections.get((phase, section), [])
@@ -232,27 +247,25 @@ class Composer:
         out = []
         for s, n in enumerate(counts):
             first, last = s == 0, s == len(counts) - 1
-            fwd: list[Item] = []
-            bwd: list[Item] = []
             if not self.is_layered:
-                fwd = self.part(Phase.FWD, Section.BODY)
-                bwd = self.part(Phase.BWD, Section.BODY)
+                fwd_parts = [(Section.BODY, 1)]
+                bwd_parts = [(Section.BODY, 1)]
             else:
-                if first:
-                    fwd += self.part(Phase.FWD, Section.EMBED)
-                fwd += self.part(Phase.FWD, Section.LAYER) * n
-                if last:
-                    fwd += self.part(Phase.FWD, Section.HEAD)
-                    bwd += self.part(Phase.BWD, Section.HEAD)
-                bwd += self.part(Phase.BWD, Section.LAYER) * n
-                if first:
-                    bwd += self.part(Phase.BWD, Section.EMBED)
-            params = self.stage_params(first, last, n)
+                fwd_parts = ([(Section.EMBED, 1)] if first else []) + [(Section.LAYER, n)] + \
+                    ([(Section.HEAD, 1)] if last else [])
+                bwd_parts = ([(Section.HEAD, 1)] if last else []) + [(Section.LAYER, n)] + \
+                    ([(Section.EMBED, 1)] if first else [])
             shards = par.dp if par.zero >= 1 else 1
-            opt = self.optimizer_items(params, shards)
-            accum = self.accumulate_items(params) if par.micro_batches > 1 and par.zero < 2 else []
-            ddp = self.ddp_items(params, par.dp) if par.dp > 1 and par.zero == 0 else []
-            out.append(StageWork(s, first, last, n, fwd, bwd, opt, accum, ddp, params))
+            key = (first, last, n, shards, par.micro_batches > 1 and par.zero < 2, par.dp if par.zero == 0 else 1)
+            cached = self._stage_cache.get(key)
+            if cached is None:
+                params = self.stage_params(first, last, n)
+                cached = (params, self.optimizer_items(params, shards),
+                          self.accumulate_items(params) if key[4] else [],
+                          self.ddp_items(params, par.dp) if key[5] > 1 else [])
+                self._stage_cache[key] = cached
+            params, opt, accum, ddp = cached
+            out.append(StageWork(s, first, last, n, fwd_parts, bwd_parts, opt, accum, ddp, params, self))
         return out
 
 

@@ -25,12 +25,12 @@ from tp_query.schema.signature import TensorSpec
 from .comm import CommModel
 from .compose import Composer, Item, Parallel, PlanError, StageWork
 from .db import Database
-from .graph import Graph, Phase, is_graph_json
+from .graph import Graph, Phase, Section, is_graph_json
 from .hostsim import HostModel, simulate
-from .lookup import Estimate, LatencyModel, Query, Source
+from .lookup import LatencyModel, Query, Source
 from .memory import stage_memory
 
-TRACE_VERSION = 3
+TRACE_VERSION = 4
 SYNC_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default")
 OPTIMIZERS = ("adamw", "adamw_fused", "sgd")
 
@@ -166,6 +166,33 @@ class Engine:
         self.latency = LatencyModel(self.db, self.gpu)
         self.host = self._host_model(db_root)
         self.comm = CommModel(self.gpu, self._comm_table())
+        self._graphs: dict[str, Graph] = {}
+        self._composers: dict[tuple[int, bool], Composer] = {}
+        self._segments: dict[tuple[int, int], SegmentCache] = {}
+
+    def graph(self, req: PredictRequest) -> Graph:
+        """The traced graph of a request, kept in memory (search asks for the same ones often)."""
+        if is_graph_json(req.model):
+            return graph_for(req)
+        key = json.dumps({"m": req.model, "s": req.setting.value, "mb": req.micro_batch, "seq": req.seq_len,
+                          "tp": req.tp, "sp": req.sequence_parallel and req.tp > 1, "rc": req.recompute,
+                          "opt": req.optimizer}, sort_keys=True, default=str)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = graph_for(req)
+        return g
+
+    def composer(self, g: Graph) -> Composer:
+        k = (id(g), SETTINGS[Setting(g.meta.setting)].allow_tf32)
+        if k not in self._composers:
+            self._composers[k] = Composer(g, k[1])
+        return self._composers[k]
+
+    def segments_for(self, comp: Composer, tp: int) -> SegmentCache:
+        k = (id(comp), tp)
+        if k not in self._segments:
+            self._segments[k] = SegmentCache(self, comp, tp)
+        return self._segments[k]
 
     def _host_model(self, db_root: str | None) -> HostModel:
         root = Path(db_root) if db_root and "://" not in db_root else Path(self.db.root)
@@ -190,8 +217,8 @@ class Engine:
             raise PredictError(str(e)) from None
         if req.optimizer not in OPTIMIZERS:
             raise PredictError(f"unknown optimizer {req.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
-        g = graph or graph_for(req)
-        comp = Composer(g, SETTINGS[Setting(g.meta.setting)].allow_tf32)
+        g = graph or self.graph(req)
+        comp = self.composer(g)
         try:
             stages = comp.stages(par)
         except PlanError as e:
@@ -213,6 +240,26 @@ class Segment:
     sync: np.ndarray
     sources: list[Source]
 
+    @staticmethod
+    def concat(parts: list[tuple[Segment, int]]) -> Segment:
+        parts = [(p, n) for p, n in parts if n > 0 and len(p.items)]
+        if not parts:
+            return Segment([], *(np.zeros(0) for _ in range(3)), np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64),
+                           np.zeros(0), np.zeros(0, dtype=bool), [])
+        if len(parts) == 1 and parts[0][1] == 1:
+            return parts[0][0]
+
+        def cat(attr: str) -> np.ndarray:
+            return np.concatenate([np.tile(getattr(p, attr), n) for p, n in parts])
+
+        items: list[Item] = []
+        srcs: list[Source] = []
+        for p, n in parts:
+            items += p.items * n
+            srcs += p.sources * n
+        return Segment(items, cat("cold"), cat("warm"), cat("comm_us"), cat("is_comm"), cat("phase"), cat("tensors"),
+                       cat("sync"), srcs)
+
     def times(self, host: HostModel) -> tuple[np.ndarray, np.ndarray]:
         g = np.where(self.is_comm, self.comm_us, self.warm + host.beta * (self.cold - self.warm))
         h = np.choose(self.phase, [host.fwd_us, host.bwd_us, host.opt_us]) + host.per_tensor_us * self.tensors
@@ -222,39 +269,41 @@ class Segment:
 _PHASE_CODE = {Phase.FWD: 0, Phase.BWD: 1, Phase.OPT: 2}
 
 
-class _Assemble:
-    """A prediction's raw material (per stage: operator arrays) and its evaluation under a host model."""
+class SegmentCache:
+    """Per graph and TP degree: raw operator arrays of every section, built once (search reuses them)."""
 
-    def __init__(self, eng: Engine, req: PredictRequest, g: Graph, comp: Composer, stages: list[StageWork],
-                 par: Parallel, with_ops: bool) -> None:
-        self.eng, self.req, self.g, self.comp, self.stages, self.par = eng, req, g, comp, stages, par
-        self.with_ops = with_ops
-        self.warnings: list[str] = []
-        est = self._estimates()
-        self.raw = []
-        for st in stages:
-            ddp_bwd = [it for it in st.ddp if it.phase == Phase.BWD]
-            ddp_opt = [it for it in st.ddp if it.phase == Phase.OPT]
-            self.raw.append({"fwd": self._segment(st.fwd, est), "bwd": self._segment(st.bwd, est),
-                             "opt": self._segment(ddp_opt + st.opt, est), "accum": self._segment(st.accum, est),
-                             "ddp": self._segment(ddp_bwd, est)})
+    def __init__(self, eng: Engine, comp: Composer, tp: int) -> None:
+        self.eng, self.comp, self.tp = eng, comp, tp
+        self._sections: dict[tuple[Phase, Section], Segment] = {}
+        self._items: dict[tuple[int, int, str], Segment] = {}
 
-    # -- per-item raw costs -------------------------------------------------------------------
-    def _estimates(self) -> dict[str, Estimate]:
-        qs: dict[str, Query] = {}
-        for s in self.stages:
-            for it in (*s.fwd, *s.bwd, *s.opt, *s.accum, *s.ddp):
-                if not it.call.op.startswith("comm.") and it.key not in qs:
-                    qs[it.key] = Query(it.key, it.call.op, it.info)
-        return self.eng.latency.estimate(list(qs.values()))
+    def section(self, phase: Phase, sec: Section) -> Segment:
+        k = (phase, sec)
+        if k not in self._sections:
+            self._sections[k] = self._segment(self.comp.part(phase, sec))
+        return self._sections[k]
+
+    def items_segment(self, a: list[Item], b: list[Item] | None, kind: str) -> Segment:
+        k = (id(a), id(b), kind)
+        if k not in self._items:
+            if kind == "opt":
+                items = [it for it in a if it.phase == Phase.OPT] + list(b or [])
+            elif kind == "ddp":
+                items = [it for it in a if it.phase == Phase.BWD]
+            else:
+                items = list(a)
+            self._items[k] = self._segment(items)
+        return self._items[k]
 
     def _comm_us(self, it: Item) -> tuple[float, Source]:
         t = next(iter(it.call.tensors()))
         kind = it.call.op.split(".", 1)[1]
-        e = self.eng.comm.estimate(kind, float(t.nbytes), self.par.tp)
+        e = self.eng.comm.estimate(kind, float(t.nbytes), self.tp)
         return e.us, e.source
 
-    def _segment(self, items: list[Item], est: dict[str, Estimate]) -> Segment:
+    def _segment(self, items: list[Item]) -> Segment:
+        qs = {it.key: Query(it.key, it.call.op, it.info) for it in items if not it.call.op.startswith("comm.")}
+        est = self.eng.latency.estimate(list(qs.values()))
         n = len(items)
         cold, warm, comm_us = np.zeros(n), np.zeros(n), np.zeros(n)
         is_comm, sync = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
@@ -278,6 +327,25 @@ class _Assemble:
             cold[i], warm[i], comm_us[i], is_comm[i], phase[i], tensors[i], sync[i], src = c
             srcs.append(src)
         return Segment(items, cold, warm, comm_us, is_comm, phase, tensors, sync, srcs)
+
+
+class _Assemble:
+    """A prediction's raw material (per stage: operator arrays) and its evaluation under a host model."""
+
+    def __init__(self, eng: Engine, req: PredictRequest, g: Graph, comp: Composer, stages: list[StageWork],
+                 par: Parallel, with_ops: bool) -> None:
+        self.eng, self.req, self.g, self.comp, self.stages, self.par = eng, req, g, comp, stages, par
+        self.with_ops = with_ops
+        self.warnings: list[str] = []
+        cache = eng.segments_for(comp, par.tp)
+        self.raw = []
+        for st in stages:
+            self.raw.append({
+                "fwd": Segment.concat([(cache.section(Phase.FWD, sec), n) for sec, n in st.fwd_parts]),
+                "bwd": Segment.concat([(cache.section(Phase.BWD, sec), n) for sec, n in st.bwd_parts]),
+                "opt": cache.items_segment(st.ddp, st.opt, "opt"),
+                "accum": cache.items_segment(st.accum, None, "accum"),
+                "ddp": cache.items_segment(st.ddp, None, "ddp")})
 
     # -- evaluation ---------------------------------------------------------------------------
     def _stage_times(self, raw: dict[str, Segment], host: HostModel) -> dict[str, float]:

@@ -46,6 +46,7 @@ class CaseResult:
     baselines: dict[str, float] = field(default_factory=dict)
     kernel_ms: float | None = None
     error: str = ""
+    distributed_compute_ms: float | None = None  # TP shards: the TP=k prediction's compute part
 
     @property
     def ape(self) -> float | None:
@@ -101,18 +102,23 @@ class Study:
         self.cases: list[CaseResult] = []
         self.assembled: dict[str, Any] = {}
         self.baseline_asm: dict[tuple[str, str], Any] = {}
+        self.dist_asm: dict[str, Any] = {}
         for r in sorted(rows, key=lambda r: r["case_id"]):
-            cfg = _full_config(json.loads(r["config_json"]), int(r["tp_shard"] or 1))
+            shard_cfg = json.loads(r["config_json"])
             c = CaseResult(r["case_id"], r["model"], r["setting"], r["split"], r["micro_batch"], r["seq_len"],
                            int(r["tp_shard"] or 1), r["status"], r["iteration_ms"],
                            measured_peak_gib=(r["peak_allocated_bytes"] or 0) / 2**30 or None,
                            kernel_ms=r.get("kernel_ms"))
             accum = int(r.get("accum") or 1)
-            req = PredictRequest(cfg, r["model"], engine.gpu.name, Setting(r["setting"]), tp=c.tp_shard,
+            # What ran: the shard-shaped model on one GPU (for TP shards, a plain HF model of the shard).
+            req = PredictRequest(shard_cfg, r["model"], engine.gpu.name, Setting(r["setting"]),
                                  micro_batch=r["micro_batch"], global_batch=r["micro_batch"] * accum,
                                  seq_len=r["seq_len"], optimizer=r["optimizer"])
             try:
                 self.assembled[c.case_id] = engine.assemble(req)
+                if c.tp_shard > 1:
+                    full = _full_config(shard_cfg, c.tp_shard)
+                    self.dist_asm[c.case_id] = engine.assemble(replace(req, model=full, tp=c.tp_shard))
                 if with_baselines and c.status == "ok":
                     for name, s in self.BASELINES.items():
                         self.baseline_asm[(c.case_id, name)] = engine.assemble(replace(req, setting=s))
@@ -120,10 +126,10 @@ class Study:
                 c.error = str(e)
             self.cases.append(c)
 
-    def _time(self, asm: Any, c: CaseResult, host: HostModel) -> float:
+    def _time(self, asm: Any, c: CaseResult, host: HostModel, compute_only: bool = False) -> float:
         total_us, bd, _, _ = asm.evaluate(host)
-        if c.tp_shard > 1:  # a TP shard on one GPU: compare the compute part of the distributed prediction
-            total_us -= bd["tp_comm_ms"] * 1e3
+        if compute_only:  # the distributed prediction without its communication
+            total_us -= (bd["tp_comm_ms"] + bd["dp_comm_ms"] + bd["pp_comm_ms"]) * 1e3
         return total_us / 1e3
 
     def errors(self, host: HostModel, split: str | None) -> list[float]:
@@ -167,6 +173,8 @@ class Study:
                 a = self.baseline_asm.get((c.case_id, name))
                 if a is not None:
                     c.baselines[name] = self._time(a, c, host)
+            if c.case_id in self.dist_asm:
+                c.distributed_compute_ms = self._time(self.dist_asm[c.case_id], c, host, compute_only=True)
 
 
 def _nelder_mead(f: Any, x0: np.ndarray, iters: int) -> np.ndarray:
@@ -262,6 +270,21 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
         row = [f"{pct(summ[sp]['per_setting'][st.value]['mape'])} (n={summ[sp]['per_setting'][st.value]['n']})"
                for sp in ("calibration", "holdout", "all")]
         L.append(f"| {st.value} | " + " | ".join(row) + " |")
+    shards = [c for c in cases if c.distributed_compute_ms and c.measured_ms]
+    if shards:
+        L += ["", "## Tensor-parallel shards on one GPU", "",
+              "The shard-shaped model (heads, KV heads, FFN and vocabulary divided by TP) run as a plain HF model on "
+              "one GPU, against the prediction of that model (in the tables above) and against the compute part "
+              "of the distributed `--tp` prediction (Megatron semantics). The difference between the two "
+              "predictions is Megatron's vocab-parallel embedding masking and cross-entropy (extra passes over the "
+              "fp32 logits shard), which the HF shard model does not run.", "",
+              "| case | measured ms | predicted (shard model) | predicted compute of the TP prediction |",
+              "|---|---|---|---|"]
+        for c in shards:
+            assert c.measured_ms and c.distributed_compute_ms
+            d = (c.distributed_compute_ms - c.measured_ms) / c.measured_ms
+            L.append(f"| {c.case_id} | {c.measured_ms:.2f} | {c.predicted_ms:.2f} ({100 * (c.signed or 0):+.1f}%) | "
+                     f"{c.distributed_compute_ms:.2f} ({100 * d:+.1f}%) |")
     L += ["", f"![predicted vs measured]({plot_file})", "", "## Cases", "",
           "| case | split | measured ms | predicted ms | error | exact/interp/extrap/miss | peak GiB meas/pred | fits pred / measured |",
           "|---|---|---|---|---|---|---|---|"]

@@ -24,6 +24,7 @@ class GpuSpec:
     nvlink_latency_s: float
     ib_bytes_per_s: float  # per GPU across hosts
     ib_latency_s: float
+    max_sm_clock_mhz: int = 0
 
 
 H200 = GpuSpec(
@@ -32,6 +33,7 @@ H200 = GpuSpec(
     peak_flops={Precision.FP32: 51e12, Precision.TF32: 377e12, Precision.FP16: 754e12, Precision.BF16: 776e12,
                 Precision.FP8: 1500e12, Precision.INT: 51e12},
     nvlink_bytes_per_s=450e9, nvlink_latency_s=8e-6, ib_bytes_per_s=50e9, ib_latency_s=15e-6,
+    max_sm_clock_mhz=1980,
 )
 H100 = GpuSpec(
     name="h100", nvml_names=("H100",), memory_bytes=81559 * 2**20, context_bytes=600 * 2**20,

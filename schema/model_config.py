@@ -8,6 +8,7 @@ Anything else is refused with a clear message (a user can still `tp-query trace`
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
@@ -217,10 +218,13 @@ def load_model_file(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
+        if raw[:2] == b"\x1f\x8b":  # a gzipped graph from `tp-query trace -o graph.json.gz`
+            raw = gzip.decompress(raw)
+        text = raw.decode()
     except FileNotFoundError:
         raise ConfigError(f"model file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile) as e:
         raise ConfigError(f"cannot read model file {path}: {e}") from None
     try:
         obj = json.loads(text)

@@ -144,6 +144,7 @@ class _Capture:
         self.peak = 0
         self._sizes: dict[int, int] = {}
         self.marks: dict[str, int] = {}
+        self._keep: list[Any] = []  # pre-existing storages, held so their ids stay theirs
         self.window_peak: dict[str, int] = {}
         self._windows: set[str] = set()
 
@@ -192,6 +193,14 @@ class _Capture:
         for w in self._windows:
             self.window_peak[w] = max(self.window_peak.get(w, 0), self.live)
         return n
+
+    def known(self, tensors: list[torch.Tensor]) -> None:
+        """Storages that exist before recording (weights, optimizer state, inputs, buffers): their views
+        are not allocations."""
+        for t in tensors:
+            st = t.untyped_storage()
+            self._sizes.setdefault(id(st), 0)
+            self._keep.append(st)
 
     def mark(self, name: str) -> None:
         self.marks[name] = self.live
@@ -361,8 +370,9 @@ def trace_config(req: TraceRequest) -> Graph:
         host_ids = _HostSet([s["step"] for s in opt.state.values()
                              if isinstance(s.get("step"), torch.Tensor) and req.optimizer != "adamw_fused"])
         cap = _Capture(host_ids, param_section)
-        static = _storage_bytes(params + [t for s in opt.state.values() for t in s.values()
-                                          if isinstance(t, torch.Tensor) and t not in host_ids])
+        state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        static = _storage_bytes(params + [t for t in state if t not in host_ids])
+        cap.known(params + state + list(model.buffers()) + [input_ids])
         if scaler is not None:
             static += 2 * BLOCK
 
@@ -474,8 +484,10 @@ def trace_module(factory: Callable[[], torch.nn.Module], make_inputs: Callable[[
         host_ids = _HostSet([s["step"] for s in opt.state.values()
                              if isinstance(s.get("step"), torch.Tensor) and optimizer != "adamw_fused"])
         cap = _Capture(host_ids, param_section)
-        static = _storage_bytes(params + [t for s in opt.state.values() for t in s.values()
-                                          if isinstance(t, torch.Tensor) and t not in host_ids])
+        state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        static = _storage_bytes(params + [t for t in state if t not in host_ids])
+        cap.known(params + state + list(model.buffers())
+                  + [t for t in inputs if isinstance(t, torch.Tensor)])
         cap.active = True
         with _Recorder(cap):
             step(cap)
