@@ -238,6 +238,128 @@ def sigs(
 
 
 @app.command()
+def search(
+    model: Annotated[Path, typer.Argument(help="HF config.json")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs to plan for")],
+    global_batch: Annotated[int, typer.Option("--global-batch")],
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
+    precision: Annotated[list[str] | None, typer.Option(help="settings to consider, or 'all' (default amp_bf16)")] = None,
+    tokens: Annotated[float | None, typer.Option(help="token budget of the job, e.g. 2e12")] = None,
+    price_per_gpu_hour: Annotated[float | None, typer.Option("--price-per-gpu-hour")] = None,
+    top: Annotated[int, typer.Option(help="configurations to list")] = 20,
+    optimizer: str = "adamw",
+    micro_batch: Annotated[list[int] | None, typer.Option("--micro-batch", help="candidates (default 1 2 4 8)")] = None,
+    show_unfit: Annotated[bool, typer.Option("--show-unfit", help="also list what does not fit, and why")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    gpu: GpuOpt = "h200",
+    db: DbOpt = None,
+) -> None:
+    """Search DP/TP/PP, micro-batch, precision, SP, ZeRO and recomputation for N GPUs; rank by speed."""
+
+    def go() -> None:
+        from tp_query.engine.predict import Engine
+        from tp_query.engine.search import SearchError, SearchSpace
+        from tp_query.engine.search import search as run_search
+
+        precs = list(Setting) if precision and "all" in precision else [Setting(p) for p in (precision or ["amp_bf16"])]
+        space = SearchSpace(gpus, global_batch, seq_len, tuple(precs), tuple(micro_batch or (1, 2, 4, 8)),
+                            optimizer=optimizer)
+        cfg = load_model_file(model)
+        err = sys.stderr
+
+        def prog(i: int, n: int) -> None:
+            if err.isatty():
+                err.write(f"\r  evaluating {i}/{n}")
+                err.flush()
+
+        try:
+            res = run_search(Engine(gpu, db), cfg, space, tokens, price_per_gpu_hour, model.stem, prog)
+        except SearchError as e:
+            raise UserError(str(e)) from None
+        if err.isatty():
+            err.write("\n")
+        if not res.ranked:
+            oom = [o for o in res.rejected if o.reason.startswith("out of memory")]
+            best = min(oom, key=lambda o: o.peak_memory_gib or 1e9) if oom else None
+            hint = f"; the smallest footprint is {best.candidate.label()} at {best.peak_memory_gib:.0f} GiB" if best else ""
+            raise UserError(f"no configuration of {gpus} GPUs fits this model{hint}")
+        if as_json:
+            typer.echo(json.dumps({"evaluated": res.evaluated, "seconds": res.seconds,
+                                   "ranked": [o.row() for o in res.ranked[:top] if top > 0 or True],
+                                   "rejected": [o.row() for o in res.rejected] if show_unfit else []},
+                                  indent=1, default=float))
+            return
+        head = f"{'#':>3} {'configuration':<42} {'iter ms':>9} {'tokens/s':>11} {'GiB':>6}"
+        if tokens:
+            head += f" {'days':>7}"
+        if price_per_gpu_hour is not None and tokens:
+            head += f" {'cost':>12}"
+        lines = [f"{res.evaluated} configurations evaluated ({res.seconds:.1f} s, "
+                 f"{res.evaluated / max(res.eval_seconds, 1e-9):,.0f}/s after tracing); {len(res.ranked)} fit", head]
+        for i, o in enumerate(res.ranked[:top] if top > 0 else res.ranked, 1):
+            line = f"{i:>3} {o.candidate.label():<42} {o.iteration_ms:>9.1f} {o.tokens_per_s:>11,.0f} " \
+                   f"{o.peak_memory_gib:>6.1f}"
+            if o.job_hours is not None:
+                line += f" {o.job_hours / 24:>7.1f}"
+            if o.cost is not None:
+                line += f" {o.cost:>12,.0f}"
+            lines.append(line)
+        if show_unfit:
+            lines.append("")
+            lines.append("not evaluated or not fitting:")
+            for o in res.rejected:
+                lines.append(f"    {o.candidate.label():<42} {o.reason}")
+        typer.echo("\n".join(lines))
+
+    _guard(go)
+
+
+@app.command()
+def plot(
+    what: Annotated[str, typer.Argument(help="breakdown | latency")],
+    out: Annotated[Path, typer.Option("--out", "-o", help=".svg (or .png with matplotlib installed)")],
+    model: Annotated[Path | None, typer.Option(help="breakdown: the model config")] = None,
+    dp: int = 1, tp: int = 1, pp: int = 1,
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
+    micro_batch: Annotated[int, typer.Option("--micro-batch")] = 1,
+    precision: Annotated[list[str] | None, typer.Option(help="settings to compare (default all six)")] = None,
+    kind: Annotated[str, typer.Option(help="latency: operator kind (mm, elementwise, attn_cudnn_fwd, ...)")] = "mm",
+    gpu: GpuOpt = "h200",
+    db: DbOpt = None,
+) -> None:
+    """Pictures: a prediction's breakdown across precisions, or operator latency against size."""
+
+    def go() -> None:
+        from tp_query.engine import plot as P
+
+        if what == "breakdown":
+            if model is None:
+                raise UserError("plot breakdown needs --model")
+            from tp_query.engine.api import predict as api_predict
+
+            precs = [Setting(p) for p in precision] if precision else list(Setting)
+            labels, parts = P.breakdown_across(
+                [(s.value, api_predict(model, gpu=gpu, db=db, precision=s, dp=dp, tp=tp, pp=pp,
+                                       micro_batch=micro_batch, seq_len=seq_len)) for s in precs])
+            P.save(P.Chart("bars", f"{model.stem}: one iteration (DP{dp} TP{tp} PP{pp})", "", "ms",
+                           labels=labels, parts=parts), out)
+        elif what == "latency":
+            from tp_query.engine.db import Database
+
+            series = P.latency_series(Database(gpu, db, validate=False), kind)
+            if not series:
+                raise UserError(f"no measurements of kind {kind!r} in the {gpu} database")
+            P.save(P.Chart("lines", f"{kind} latency on {gpu.upper()} by precision",
+                           "FLOP" if series[0].name.endswith("(flops)") else "bytes moved", "latency (us)",
+                           series=series), out)
+        else:
+            raise UserError("plot what? breakdown | latency")
+        typer.echo(f"wrote {out}")
+
+    _guard(go)
+
+
+@app.command()
 def report(
     gpu: GpuOpt = "h200",
     validation: Annotated[Path, typer.Option(help="folder of measured iterations")] = Path("data/validation"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from typing import Any
 
 from tp_query.schema.ops import CallInfo, describe
 from tp_query.schema.precision import DType
@@ -83,10 +83,8 @@ class StageWork:
     ddp: list[Item]  # once per step when DP > 1 and ZeRO 0 (bucket copies)
     params: list[ParamRecord]
     composer: Composer
-
-    @cached_property
-    def param_numel(self) -> int:
-        return sum(p.numel for p in self.params)
+    param_numel: int
+    param_bytes: int
 
     def _expand(self, phase: Phase, parts: list[tuple[Section, int]]) -> list[Item]:
         out: list[Item] = []
@@ -134,7 +132,8 @@ def split_layers(n_layers: int, pp: int) -> list[int]:
 class Composer:
     """Section templates of one graph, ready to assemble stages for any layer count and PP."""
 
-    def __init__(self, graph: Graph, allow_tf32: bool) -> None:
+    def __init__(self, graph: Graph, allow_tf32: bool,
+                 shared: dict[tuple[object, ...], Any] | None = None) -> None:
         self.graph = graph
         self.allow_tf32 = allow_tf32
         tl = graph.meta.traced_layers - 1
@@ -149,7 +148,11 @@ class Composer:
         self.traced_params = list(graph.params)
         self.layer_params = [p for p in graph.params if p.section == Section.LAYER and p.layer == tl]
         self.is_layered = graph.meta.traced_layers > 0
-        self._stage_cache: dict[tuple[object, ...], tuple[list[ParamRecord], list[Item], list[Item], list[Item]]] = {}
+        # Parameters and optimizer steps do not depend on micro-batch, sequence, SP or recompute: graphs
+        # that differ only there share these per-stage lists (a search builds each once).
+        self._stage_cache = shared if shared is not None else {}
+        self.param_key = (tuple(graph.params), tuple(o.sig for o in self.opt_records), allow_tf32)
+        self.traced_numel = max(sum(p.numel for p in graph.params), 1)
 
     def part(self, phase: Phase, section: Section) -> list[Item]:
         return self.sections.get((phase, section), [])
@@ -256,16 +259,19 @@ class Composer:
                 bwd_parts = ([(Section.HEAD, 1)] if last else []) + [(Section.LAYER, n)] + \
                     ([(Section.EMBED, 1)] if first else [])
             shards = par.dp if par.zero >= 1 else 1
-            key = (first, last, n, shards, par.micro_batches > 1 and par.zero < 2, par.dp if par.zero == 0 else 1)
+            key = (self.param_key, first, last, n, shards, par.micro_batches > 1 and par.zero < 2,
+                   par.dp if par.zero == 0 else 1)
             cached = self._stage_cache.get(key)
             if cached is None:
                 params = self.stage_params(first, last, n)
                 cached = (params, self.optimizer_items(params, shards),
-                          self.accumulate_items(params) if key[4] else [],
-                          self.ddp_items(params, par.dp) if key[5] > 1 else [])
+                          self.accumulate_items(params) if key[5] else [],
+                          self.ddp_items(params, par.dp) if key[6] > 1 else [],
+                          sum(p.numel for p in params), sum(p.numel * DType(p.dtype).itemsize for p in params))
                 self._stage_cache[key] = cached
-            params, opt, accum, ddp = cached
-            out.append(StageWork(s, first, last, n, fwd_parts, bwd_parts, opt, accum, ddp, params, self))
+            params, opt, accum, ddp, numel, nbytes = cached
+            out.append(StageWork(s, first, last, n, fwd_parts, bwd_parts, opt, accum, ddp, params, self, numel,
+                                 nbytes))
         return out
 
 

@@ -95,9 +95,19 @@ class Database:
 
     def _setup_remote(self) -> None:
         try:
-            self.con.execute("INSTALL httpfs; LOAD httpfs;")
-        except duckdb.Error as e:
-            raise DatabaseError(f"cannot load DuckDB's httpfs for {self.root}: {str(e).splitlines()[0]}") from None
+            self.con.execute("LOAD httpfs;")
+        except duckdb.Error:
+            try:  # the extension shipped as a Python package (pip install 'tp-query[s3]'), no download needed
+                from duckdb_extensions import import_extension
+
+                import_extension("httpfs", con=self.con)
+                self.con.execute("LOAD httpfs;")
+            except Exception:
+                try:
+                    self.con.execute("INSTALL httpfs; LOAD httpfs;")
+                except duckdb.Error as e:
+                    raise DatabaseError(f"cannot load DuckDB's httpfs for {self.root}: {str(e).splitlines()[0]} "
+                                        "(pip install 'tp-query[s3]')") from None
         import os
 
         ep = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("TP_QUERY_S3_ENDPOINT")
@@ -147,45 +157,16 @@ class Database:
         except duckdb.Error as e:
             raise DatabaseError(f"SQL error: {str(e).splitlines()[0]}") from None
 
-    def exact(self, keys: list[str]) -> dict[str, tuple[float, float | None]]:
-        """key -> (cold median us, warm median us) for measured keys, in one query."""
-        if not keys:
-            return {}
-        needed = pa.table({"key": pa.array(sorted(set(keys)), pa.string())})
-        self.con.register("_needed", needed)
-        try:
-            rows = self.con.execute(
-                "SELECT o.key, median(o.latency_us), median(o.latency_warm_us) FROM ops_ok o "
-                "JOIN _needed n USING (key) GROUP BY o.key").fetchall()
-        finally:
-            self.con.unregister("_needed")
+    def exact_all(self) -> dict[str, tuple[float, float | None]]:
+        """key -> (cold median us, warm median us) of every measured call, in one query."""
+        rows = self.con.execute(
+            "SELECT key, median(latency_us), median(latency_warm_us) FROM ops_ok GROUP BY key").fetchall()
         return {k: (float(c), float(w) if w is not None else None) for k, c, w in rows}
 
-    def family_points(self, family: str, categories: list[tuple[str, str, str, str]], columns: list[str]) -> pa.Table:
-        """All measured points of one family whose (op, precision, math_mode, dtypes) is asked for."""
-        cats = pa.table({
-            "op": [c[0] for c in categories], "precision": [c[1] for c in categories],
-            "math_mode": [c[2] for c in categories], "dtypes": [c[3] for c in categories]})
-        self.con.register("_cats", cats)
-        cols = ", ".join(f"o.{c}" for c in columns)
-        try:
-            return _arrow(self.con,
-                          f"SELECT {cols} FROM ops_ok o JOIN _cats c ON o.op = c.op AND o.precision = c.precision "
-                          "AND o.math_mode = c.math_mode AND o.dtypes = c.dtypes WHERE o.family = ?", [family])
-        finally:
-            self.con.unregister("_cats")
-
-    def op_family_points(self, family: str, ops: list[tuple[str, str]], columns: list[str]) -> pa.Table:
-        """Points of one family for (op, precision) pairs, any dtypes/math mode: the relaxed category."""
-        cats = pa.table({"op": [c[0] for c in ops], "precision": [c[1] for c in ops]})
-        self.con.register("_cats2", cats)
-        cols = ", ".join(f"o.{c}" for c in columns)
-        try:
-            return _arrow(self.con,
-                          f"SELECT {cols} FROM ops_ok o JOIN _cats2 c ON o.op = c.op AND o.precision = c.precision "
-                          "WHERE o.family = ?", [family])
-        finally:
-            self.con.unregister("_cats2")
+    def family_rows(self, family: str, columns: list[str]) -> list[dict[str, Any]]:
+        """Every measured point of one operator family (one query per family)."""
+        cols = ", ".join(columns)
+        return _arrow(self.con, f"SELECT {cols} FROM ops_ok WHERE family = ?", [family]).to_pylist()
 
     def info(self) -> DbInfo:
         n, ok = self.con.execute("SELECT count(*), count(*) FILTER (WHERE status = 'ok') FROM ops").fetchone() or (0, 0)

@@ -157,11 +157,9 @@ class Category:
 
 
 class PointSource(Protocol):
-    def exact(self, keys: list[str]) -> dict[str, tuple[float, float | None]]: ...
+    def exact_all(self) -> dict[str, tuple[float, float | None]]: ...
 
-    def family_points(self, family: str, categories: list[tuple[str, str, str, str]], columns: list[str]) -> Any: ...
-
-    def op_family_points(self, family: str, ops: list[tuple[str, str]], columns: list[str]) -> Any: ...
+    def family_rows(self, family: str, columns: list[str]) -> list[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -180,100 +178,84 @@ def _axes(spec: FamilySpec, feats: dict[str, Any]) -> tuple[float, ...]:
 
 
 class LatencyModel:
-    """Estimates for many calls at once: one exact query, then one query per family."""
+    """Estimates for many calls: the exact table and each family's points are read once (one DuckDB
+    query each), then every lookup is in memory."""
 
     def __init__(self, db: PointSource, gpu: GpuSpec) -> None:
         self.db = db
         self.gpu = gpu
         self._cache: dict[str, Estimate] = {}
+        self._exact: dict[str, tuple[float, float | None]] | None = None
+        self._families: dict[Family, _FamilyPoints] = {}
 
     def estimate(self, queries: list[Query]) -> dict[str, Estimate]:
-        todo = {q.key: q for q in queries if q.key not in self._cache}
-        if todo:
-            self._cache.update(self._resolve(list(todo.values())))
+        for q in queries:
+            if q.key not in self._cache:
+                self._cache[q.key] = self._resolve(q)
         return {q.key: self._cache[q.key] for q in queries}
 
-    def _resolve(self, queries: list[Query]) -> dict[str, Estimate]:
-        out: dict[str, Estimate] = {}
-        rest: list[Query] = []
-        for q in queries:
-            if q.info.family in (Family.VIEW, Family.HOST):
-                out[q.key] = Estimate(0.0, 0.0, Source.NO_KERNEL)
-            else:
-                rest.append(q)
-        hits = self.db.exact([q.key for q in rest])
-        missing: dict[Family, list[Query]] = defaultdict(list)
-        for q in rest:
-            if q.key in hits:
-                c, w = hits[q.key]
-                out[q.key] = Estimate(c, w if w is not None else c, Source.EXACT, 1)
-            else:
-                missing[q.info.family].append(q)
-        for fam, qs in missing.items():
-            out.update(self._family(fam, qs))
-        return out
+    def _resolve(self, q: Query) -> Estimate:
+        if q.info.family in (Family.VIEW, Family.HOST):
+            return Estimate(0.0, 0.0, Source.NO_KERNEL)
+        if self._exact is None:
+            self._exact = self.db.exact_all()
+        hit = self._exact.get(q.key)
+        if hit is not None:
+            c, w = hit
+            return Estimate(c, w if w is not None else c, Source.EXACT, 1)
+        fam = self._families.get(q.info.family)
+        if fam is None:
+            fam = self._families[q.info.family] = _FamilyPoints(self.db, q.info.family, self.gpu)
+        return fam.estimate(q)
 
-    def _family(self, fam: Family, qs: list[Query]) -> dict[str, Estimate]:
-        spec = FAMILIES[fam]
+
+class _FamilyPoints:
+    """All measured points of one family, grouped into categories on demand."""
+
+    def __init__(self, db: PointSource, fam: Family, gpu: GpuSpec) -> None:
+        self.spec = spec = FAMILIES[fam]
+        self.gpu = gpu
         stored = [c for c in ("m", "n", "k", *spec.exact) if c in FEATURE_COLUMNS]
         cols = ["op", "precision", "math_mode", "dtypes", "flops", "bytes", "latency_us", "latency_warm_us",
                 *spec.axes, *stored]
-        cats = sorted({(q.op, str(q.info.precision), q.info.math_mode, q.info.dtypes) for q in qs})
-        table = self.db.family_points(str(fam), cats, list(dict.fromkeys(cols)))
-        rows = table.to_pylist() if hasattr(table, "to_pylist") else list(table)
-        strict: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
-        loose: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
+        rows = db.family_rows(str(fam), list(dict.fromkeys(cols)))
+        self.strict: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
+        self.loose: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
+        self.by_op: dict[tuple[str, str], list[Point]] = defaultdict(list)
         for r in rows:
             base = (r["op"], r["precision"], r["math_mode"], r["dtypes"])
             pt = Point(_axes(spec, r), float(r["latency_us"]), float(r["latency_warm_us"] or r["latency_us"]),
-                       roofline_us(r["flops"], r["bytes"], _prec(r["precision"]), self.gpu))
-            strict[base + _exact_features(spec, r)].append(pt)
-            loose[base].append(pt)
-        cache: dict[tuple[Any, ...], Category] = {}
-        out: dict[str, Estimate] = {}
-        unresolved: list[Query] = []
-        for q in qs:
-            base = (q.op, str(q.info.precision), q.info.math_mode, q.info.dtypes)
-            sk = base + _exact_features(spec, q.info.features)
-            roof = roofline_us(q.info.flops, q.info.bytes, q.info.precision, self.gpu)
-            ax = _axes(spec, q.info.features)
-            if sk in strict:
-                cat = cache.setdefault(sk, Category(strict[sk], spec.log_space))
-                c, w, src, n = cat.estimate(ax, roof)
-                out[q.key] = Estimate(c, w, src, n)
-            elif base in loose:
-                cat = cache.setdefault(base, Category(loose[base], spec.log_space))
-                c, w, _, n = cat.estimate(ax, roof)
-                out[q.key] = Estimate(c, w, Source.EXTRAPOLATED, n)
-            else:
-                unresolved.append(q)
-        if unresolved:
-            out.update(self._relaxed(fam, spec, unresolved))
-        return out
+                       roofline_us(r["flops"], r["bytes"], _prec(r["precision"]), gpu))
+            self.strict[base + _exact_features(spec, r)].append(pt)
+            self.loose[base].append(pt)
+            self.by_op[(r["op"], r["precision"])].append(pt)
+        effs = [p.eff_cold for ps in self.loose.values() for p in ps]
+        self.default_eff = statistics.median(effs) if effs else 0.5
+        self._cats: dict[tuple[Any, ...], Category] = {}
 
-    def _relaxed(self, fam: Family, spec: FamilySpec, qs: list[Query]) -> dict[str, Estimate]:
-        """Same operator and precision in any dtype mix, else the family's median efficiency."""
-        cols = ["op", "precision", "flops", "bytes", "latency_us", "latency_warm_us", *spec.axes]
-        pairs = sorted({(q.op, str(q.info.precision)) for q in qs})
-        rows = self.db.op_family_points(str(fam), pairs, list(dict.fromkeys(cols)))
-        rows = rows.to_pylist() if hasattr(rows, "to_pylist") else list(rows)
-        by: dict[tuple[str, str], list[Point]] = defaultdict(list)
-        for r in rows:
-            by[(r["op"], r["precision"])].append(
-                Point(_axes(spec, r), float(r["latency_us"]), float(r["latency_warm_us"] or r["latency_us"]),
-                      roofline_us(r["flops"], r["bytes"], _prec(r["precision"]), self.gpu)))
-        fam_eff = [p.eff_cold for ps in by.values() for p in ps]
-        default_eff = statistics.median(fam_eff) if fam_eff else 0.5
-        out: dict[str, Estimate] = {}
-        for q in qs:
-            roof = roofline_us(q.info.flops, q.info.bytes, q.info.precision, self.gpu)
-            pts = by.get((q.op, str(q.info.precision)))
-            if pts:
-                c, w, _, n = Category(pts, spec.log_space).estimate(_axes(spec, q.info.features), roof)
-                out[q.key] = Estimate(c, w, Source.EXTRAPOLATED, n)
-            else:
-                out[q.key] = Estimate(roof / default_eff, roof / default_eff, Source.MISS, 0)
-        return out
+    def _category(self, key: tuple[Any, ...], pts: list[Point]) -> Category:
+        cat = self._cats.get(key)
+        if cat is None:
+            cat = self._cats[key] = Category(pts, self.spec.log_space)
+        return cat
+
+    def estimate(self, q: Query) -> Estimate:
+        spec = self.spec
+        base = (q.op, str(q.info.precision), q.info.math_mode, q.info.dtypes)
+        sk = base + _exact_features(spec, q.info.features)
+        roof = roofline_us(q.info.flops, q.info.bytes, q.info.precision, self.gpu)
+        ax = _axes(spec, q.info.features)
+        if sk in self.strict:
+            c, w, src, n = self._category(("s", *sk), self.strict[sk]).estimate(ax, roof)
+            return Estimate(c, w, src, n)
+        if base in self.loose:  # same operator and dtypes, other family-exact features: held, and said so
+            c, w, _, n = self._category(("l", *base), self.loose[base]).estimate(ax, roof)
+            return Estimate(c, w, Source.EXTRAPOLATED, n)
+        pk = (q.op, str(q.info.precision))
+        if pk in self.by_op:  # same operator in other dtypes
+            c, w, _, n = self._category(("o", *pk), self.by_op[pk]).estimate(ax, roof)
+            return Estimate(c, w, Source.EXTRAPOLATED, n)
+        return Estimate(roof / self.default_eff, roof / self.default_eff, Source.MISS, 0)
 
 
 def _prec(s: str) -> Any:

@@ -44,8 +44,8 @@ def _bytes(numel: int, dt: str) -> int:
 
 def stage_memory(graph: Graph, stage: StageWork, par: Parallel, optimizer: str, gpu: GpuSpec) -> MemoryBreakdown:
     mp: MemoryProfile = graph.memory
-    traced_numel = max(sum(p.numel for p in graph.params), 1)
-    w = sum(_bytes(p.numel, p.dtype) for p in stage.params)
+    traced_numel = stage.composer.traced_numel
+    w = stage.param_bytes
     g = w  # gradients share the parameters' dtype
     states = 0 if optimizer == "sgd" else 2
     o = states * w

@@ -177,9 +177,88 @@ def lines_loglog(series: list[Series], title: str, xlabel: str, ylabel: str, w: 
 
 
 def write(svg: str, path: Path) -> Path:
-    """Write SVG, or PNG through matplotlib's SVG-free path when the suffix asks for it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix.lower() == ".png":
-        raise ValueError("PNG output needs the matplotlib renderer: use plot_png()")
     path.write_text(svg)
     return path
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One picture, rendered as SVG here or as PNG through matplotlib."""
+
+    kind: str  # "bars" | "lines" | "scatter"
+    title: str
+    xlabel: str
+    ylabel: str
+    labels: list[str] | None = None
+    parts: dict[str, list[float]] | None = None
+    series: list[Series] | None = None
+
+    def svg(self) -> str:
+        if self.kind == "bars":
+            return stacked_bars(self.labels or [], self.parts or {}, self.title, self.ylabel)
+        if self.kind == "lines":
+            return lines_loglog(self.series or [], self.title, self.xlabel, self.ylabel)
+        return scatter_loglog(self.series or [], self.title, self.xlabel, self.ylabel)
+
+
+def save(chart: Chart, path: Path) -> Path:
+    if path.suffix.lower() != ".png":
+        return write(chart.svg(), path)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("PNG output needs matplotlib (pip install 'tp-query[plot]'); .svg needs nothing") from None
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    if chart.kind == "bars":
+        bottom = [0.0] * len(chart.labels or [])
+        for name, vals in (chart.parts or {}).items():
+            ax.bar(chart.labels or [], vals, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.tick_params(axis="x", rotation=30)
+    else:
+        for s in chart.series or []:
+            style = "-o" if chart.kind == "lines" else "o"
+            ax.plot(s.xs, s.ys, style, label=s.name, markersize=3)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_title(chart.title)
+    ax.set_xlabel(chart.xlabel)
+    ax.set_ylabel(chart.ylabel)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def breakdown_across(preds: list[tuple[str, object]]) -> tuple[list[str], dict[str, list[float]]]:
+    """Stacked-bar data from (label, Prediction) pairs."""
+    labels = [lab for lab, _ in preds]
+    keys: list[str] = []
+    for _, p in preds:
+        for k in p.breakdown:  # type: ignore[attr-defined]
+            if k not in keys:
+                keys.append(k)
+    parts = {k.removesuffix("_ms").replace("_", " "): [float(p.breakdown.get(k, 0.0)) for _, p in preds]  # type: ignore[attr-defined]
+             for k in keys}
+    return labels, {k: v for k, v in parts.items() if any(x > 0 for x in v)}
+
+
+def latency_series(db: object, kind: str) -> list[Series]:
+    """Measured latency against work per precision: FLOP for compute families, bytes otherwise."""
+    t = db.sql(  # type: ignore[attr-defined]
+        "SELECT precision, family, flops, bytes, latency_us FROM ops_ok WHERE kind = ? AND run = 1 "
+        "ORDER BY precision", [kind]).to_pylist()
+    by: dict[str, list[tuple[float, float]]] = {}
+    compute = bool(t) and t[0]["family"] in ("gemm", "attention")
+    for r in t:
+        x = r["flops"] if compute else r["bytes"]
+        if x and r["latency_us"]:
+            by.setdefault(r["precision"], []).append((float(x), float(r["latency_us"])))
+    suffix = " (flops)" if compute else ""
+    return [Series(p + suffix, [x for x, _ in v], [y for _, y in v]) for p, v in sorted(by.items())]

@@ -169,6 +169,9 @@ class Engine:
         self._graphs: dict[str, Graph] = {}
         self._composers: dict[tuple[int, bool], Composer] = {}
         self._segments: dict[tuple[int, int], SegmentCache] = {}
+        self.stage_times: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._stage_lists: dict[tuple[object, ...], Any] = {}
+        self.item_segments: dict[tuple[int, int, str, int], Segment] = {}
 
     def graph(self, req: PredictRequest) -> Graph:
         """The traced graph of a request, kept in memory (search asks for the same ones often)."""
@@ -185,7 +188,7 @@ class Engine:
     def composer(self, g: Graph) -> Composer:
         k = (id(g), SETTINGS[Setting(g.meta.setting)].allow_tf32)
         if k not in self._composers:
-            self._composers[k] = Composer(g, k[1])
+            self._composers[k] = Composer(g, k[1], self._stage_lists)
         return self._composers[k]
 
     def segments_for(self, comp: Composer, tp: int) -> SegmentCache:
@@ -226,11 +229,16 @@ class Engine:
         return _Assemble(self, req, g, comp, stages, par, with_ops)
 
 
+SOURCES = list(Source)
+_SRC_CODE = {src: i for i, src in enumerate(SOURCES)}
+
+
 @dataclass
 class Segment:
-    """A stretch of operators as raw, host-model-free arrays (calibration re-times them quickly)."""
+    """A stretch of operators as raw, host-model-free arrays (calibration and search re-time them
+    quickly). `parts` keeps how a stage's segment was assembled, so its items are expanded only when
+    per-operator rows are asked for."""
 
-    items: list[Item]
     cold: np.ndarray
     warm: np.ndarray
     comm_us: np.ndarray
@@ -238,27 +246,38 @@ class Segment:
     phase: np.ndarray  # 0 fwd, 1 bwd, 2 opt
     tensors: np.ndarray  # tensors in a multi-tensor call (0 otherwise)
     sync: np.ndarray
-    sources: list[Source]
+    src: np.ndarray  # index into SOURCES
+    base_items: list[Item] | None = None
+    parts: list[tuple[Segment, int]] | None = None
+
+    @property
+    def items(self) -> list[Item]:
+        if self.base_items is not None:
+            return self.base_items
+        out: list[Item] = []
+        for p, n in self.parts or []:
+            out += p.items * n
+        return out
+
+    @staticmethod
+    def empty() -> Segment:
+        z = np.zeros(0)
+        return Segment(z, z, z, np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64), z, np.zeros(0, dtype=bool),
+                       np.zeros(0, dtype=np.int64), [])
 
     @staticmethod
     def concat(parts: list[tuple[Segment, int]]) -> Segment:
-        parts = [(p, n) for p, n in parts if n > 0 and len(p.items)]
+        parts = [(p, n) for p, n in parts if n > 0 and len(p.cold)]
         if not parts:
-            return Segment([], *(np.zeros(0) for _ in range(3)), np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64),
-                           np.zeros(0), np.zeros(0, dtype=bool), [])
+            return Segment.empty()
         if len(parts) == 1 and parts[0][1] == 1:
             return parts[0][0]
 
         def cat(attr: str) -> np.ndarray:
             return np.concatenate([np.tile(getattr(p, attr), n) for p, n in parts])
 
-        items: list[Item] = []
-        srcs: list[Source] = []
-        for p, n in parts:
-            items += p.items * n
-            srcs += p.sources * n
-        return Segment(items, cat("cold"), cat("warm"), cat("comm_us"), cat("is_comm"), cat("phase"), cat("tensors"),
-                       cat("sync"), srcs)
+        return Segment(cat("cold"), cat("warm"), cat("comm_us"), cat("is_comm"), cat("phase"), cat("tensors"),
+                       cat("sync"), cat("src"), None, parts)
 
     def times(self, host: HostModel) -> tuple[np.ndarray, np.ndarray]:
         g = np.where(self.is_comm, self.comm_us, self.warm + host.beta * (self.cold - self.warm))
@@ -276,6 +295,13 @@ class SegmentCache:
         self.eng, self.comp, self.tp = eng, comp, tp
         self._sections: dict[tuple[Phase, Section], Segment] = {}
         self._items: dict[tuple[int, int, str], Segment] = {}
+        self._stages: dict[tuple[Phase, tuple[tuple[Section, int], ...]], Segment] = {}
+
+    def stage(self, phase: Phase, parts: list[tuple[Section, int]]) -> Segment:
+        k = (phase, tuple(parts))
+        if k not in self._stages:
+            self._stages[k] = Segment.concat([(self.section(phase, sec), n) for sec, n in parts])
+        return self._stages[k]
 
     def section(self, phase: Phase, sec: Section) -> Segment:
         k = (phase, sec)
@@ -284,7 +310,8 @@ class SegmentCache:
         return self._sections[k]
 
     def items_segment(self, a: list[Item], b: list[Item] | None, kind: str) -> Segment:
-        k = (id(a), id(b), kind)
+        k = (id(a), id(b), kind, self.tp)
+        self._items = self.eng.item_segments  # shared across graphs: optimizer lists are shared
         if k not in self._items:
             if kind == "opt":
                 items = [it for it in a if it.phase == Phase.OPT] + list(b or [])
@@ -308,7 +335,7 @@ class SegmentCache:
         cold, warm, comm_us = np.zeros(n), np.zeros(n), np.zeros(n)
         is_comm, sync = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         phase, tensors = np.zeros(n, dtype=np.int64), np.zeros(n)
-        srcs: list[Source] = []
+        src_codes = np.zeros(n, dtype=np.int64)
         cache: dict[tuple[str, Phase], tuple[float, float, float, bool, int, float, bool, Source]] = {}
         for i, it in enumerate(items):
             c = cache.get((it.key, it.phase))
@@ -325,8 +352,8 @@ class SegmentCache:
                 c = (row[0], row[1], row[2], row[3], _PHASE_CODE[it.phase], nt, syncs, row[4])
                 cache[(it.key, it.phase)] = c
             cold[i], warm[i], comm_us[i], is_comm[i], phase[i], tensors[i], sync[i], src = c
-            srcs.append(src)
-        return Segment(items, cold, warm, comm_us, is_comm, phase, tensors, sync, srcs)
+            src_codes[i] = _SRC_CODE[src]
+        return Segment(cold, warm, comm_us, is_comm, phase, tensors, sync, src_codes, items)
 
 
 class _Assemble:
@@ -341,14 +368,21 @@ class _Assemble:
         self.raw = []
         for st in stages:
             self.raw.append({
-                "fwd": Segment.concat([(cache.section(Phase.FWD, sec), n) for sec, n in st.fwd_parts]),
-                "bwd": Segment.concat([(cache.section(Phase.BWD, sec), n) for sec, n in st.bwd_parts]),
+                "fwd": cache.stage(Phase.FWD, st.fwd_parts),
+                "bwd": cache.stage(Phase.BWD, st.bwd_parts),
                 "opt": cache.items_segment(st.ddp, st.opt, "opt"),
                 "accum": cache.items_segment(st.accum, None, "accum"),
                 "ddp": cache.items_segment(st.ddp, None, "ddp")})
 
     # -- evaluation ---------------------------------------------------------------------------
-    def _stage_times(self, raw: dict[str, Segment], host: HostModel) -> dict[str, float]:
+    def _stage_times(self, raw: dict[str, Segment], host: HostModel) -> dict[str, Any]:
+        key = (*(id(raw[k]) for k in ("fwd", "bwd", "opt", "accum", "ddp")), host)
+        hit = self.eng.stage_times.get(key)
+        if hit is None:
+            hit = self.eng.stage_times[key] = self._compute_stage_times(raw, host)
+        return hit
+
+    def _compute_stage_times(self, raw: dict[str, Segment], host: HostModel) -> dict[str, Any]:
         gf, hf = raw["fwd"].times(host)
         gb, hb = raw["bwd"].times(host)
         fb = simulate(np.concatenate([gf, gb]), np.concatenate([hf, hb]),
@@ -358,7 +392,10 @@ class _Assemble:
         so = simulate(go, ho, raw["opt"].sync)
         ga, _ = raw["accum"].times(host)
         gd, _ = raw["ddp"].times(host)
-        return {
+        src = {}
+        for name, g in (("fwd", gf), ("bwd", gb), ("opt", go), ("accum", ga), ("ddp", gd)):
+            src[name] = np.bincount(raw[name].src, weights=g, minlength=len(SOURCES))
+        return {"src": src,  # type: ignore[dict-item]
             "fwd_us": fb.elapsed_us * share_f, "bwd_us": fb.elapsed_us * (1 - share_f),
             "fwd_gpu_us": float(gf[~raw["fwd"].is_comm].sum()), "bwd_gpu_us": float(gb[~raw["bwd"].is_comm].sum()),
             "tp_comm_us": float(gf[raw["fwd"].is_comm].sum() + gb[raw["bwd"].is_comm].sum()),
@@ -407,13 +444,16 @@ class _Assemble:
         source_time: dict[str, float] = defaultdict(float)
         op_rows: dict[tuple[str, str], list[Any]] = {}
         raw = self.raw[crit]
+        src_sums = per_stage[crit]["src"]
         for name, mult in (("fwd", m), ("bwd", m), ("opt", 1), ("accum", max(m - 1, 0)), ("ddp", 1)):
-            seg = raw[name]
-            g, _ = seg.times(host)
-            for it, t, src in zip(seg.items, g, seg.sources, strict=True):
-                source_time[str(src)] += float(t) * mult
-                if self.with_ops:
-                    row = op_rows.setdefault((it.phase.value, it.key), [it, 0, float(t), str(src)])
+            for i, v in enumerate(src_sums[name] * mult):
+                if v:
+                    source_time[str(SOURCES[i])] += float(v)
+            if self.with_ops:
+                seg = raw[name]
+                g, _ = seg.times(host)
+                for it, t, code in zip(seg.items, g, seg.src, strict=True):
+                    row = op_rows.setdefault((it.phase.value, it.key), [it, 0, float(t), str(SOURCES[code])])
                     row[1] += mult
         mems = [stage_memory(self.g, s, par, self.req.optimizer, self.eng.gpu) for s in self.stages]
         mem = max(mems, key=lambda x: x.peak_bytes)
@@ -465,7 +505,7 @@ class _Assemble:
         par = self.par
         if par.dp <= 1:
             return 0.0
-        gbytes = sum(p.numel * DType(p.dtype).itemsize for p in s.params)
+        gbytes = s.param_bytes
         spans = par.tp * par.dp > 8
         if par.zero == 0:
             t = self.eng.comm.estimate("all_reduce", gbytes, par.dp, spans).us

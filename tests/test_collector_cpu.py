@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from tp_query.collector.campaign import run_campaign
 from tp_query.collector.device import Device
 from tp_query.collector.plan import grid_points, signature_points, write_signature_file

@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from tp_query.engine.db import Database, DatabaseError
 from tp_query.engine.predict import Engine, PredictError, PredictRequest
 from tp_query.schema.precision import Setting

@@ -6,7 +6,6 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tp_query.schema.model_config import ConfigError, parse_config
 
 from .conftest import TINY_GPT2, TINY_LLAMA

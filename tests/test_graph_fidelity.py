@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from tp_query.collector.validate import oplog_cases
 from tp_query.engine.trace.capture import TraceRequest, trace_config
 from tp_query.schema.model_config import parse_config

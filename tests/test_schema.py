@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 import pytest
-
 from tp_query.schema import ops
 from tp_query.schema.model_config import ArchFamily, ConfigError, parse_config
-from tp_query.schema.ops import REGISTRY, Family, OpKind, Registry, describe, grid_calls
+from tp_query.schema.ops import Family, OpKind, Registry, describe, grid_calls
 from tp_query.schema.precision import DType, Precision
 from tp_query.schema.signature import OpCall, TensorSpec, call_key
 
@@ -34,7 +33,8 @@ def test_every_grid_call_describes_and_keys() -> None:
         assert info.kind == kind.name
         assert info.bytes > 0
         if info.family == Family.GEMM:
-            assert info.flops == 2 * info.features["m"] * info.features["n"] * info.features["k"]
+            f = info.features
+            assert info.flops == 2 * f["batch"] * f["m"] * f["n"] * f["k"]
             assert info.precision == p
         key = call_key(call.op, call.to_json_str(), info.math_mode)
         seen.add(key)

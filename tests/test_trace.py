@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
 from tp_query.engine.graph import Graph, Phase, Section
 from tp_query.engine.trace.capture import TraceError, TraceRequest, trace_config
 from tp_query.schema.model_config import parse_config

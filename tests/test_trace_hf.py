@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
 from tp_query.engine.trace.capture import TraceRequest, trace_config, trace_module
 from tp_query.schema.model_config import parse_config
 from tp_query.schema.precision import Setting

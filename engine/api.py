@@ -1,0 +1,67 @@
+"""The Python API for notebooks and schedulers: typed results and Polars frames.
+
+    from tp_query.engine.api import predict, search
+    p = predict("examples/llama3.1-8b.json", dp=2, tp=4)             # -> Prediction
+    p.iteration_ms, p.breakdown, p.peak_memory_gib, p.fits
+    r = search("examples/llama3.1-70b.json", gpus=64, global_batch=512, seq_len=4096, tokens=2e12,
+               price_per_gpu_hour=3.5)                                # -> SearchResult
+    r.to_polars().head()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tp_query.schema.model_config import load_model_file
+from tp_query.schema.precision import Setting
+
+from .predict import Engine, Prediction, PredictRequest
+from .search import SearchResult, SearchSpace
+from .search import search as _search
+
+_ENGINES: dict[tuple[str, str | None], Engine] = {}
+
+
+def engine(gpu: str = "h200", db: str | None = None) -> Engine:
+    """A shared engine per (GPU, database): graphs and lookups are reused across calls."""
+    key = (gpu, db)
+    if key not in _ENGINES:
+        _ENGINES[key] = Engine(gpu, db)
+    return _ENGINES[key]
+
+
+def _model(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
+    if isinstance(model, dict):
+        return model, str(model.get("_name_or_path") or model.get("model_type") or "model")
+    p = Path(model)
+    return load_model_file(p), (p.parent.name if p.name == "config.json" else p.stem)
+
+
+def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | None = None,
+            precision: str | Setting = Setting.AMP_BF16, dp: int = 1, tp: int = 1, pp: int = 1,
+            micro_batch: int = 1, global_batch: int | None = None, seq_len: int = 4096, optimizer: str = "adamw",
+            sequence_parallel: bool = False, zero: int = 0, recompute: bool = False, strict: bool = False,
+            with_ops: bool = False) -> Prediction:
+    cfg, name = _model(model)
+    req = PredictRequest(cfg, name, gpu, Setting(precision), dp, tp, pp, micro_batch, global_batch, seq_len,
+                         optimizer, sequence_parallel, zero, recompute, strict, db)
+    return engine(gpu, db).predict(req, with_ops=with_ops)
+
+
+def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, seq_len: int = 4096,
+           precisions: list[str | Setting] | None = None, gpu: str = "h200", db: str | None = None,
+           tokens: float | None = None, price_per_gpu_hour: float | None = None, optimizer: str = "adamw",
+           micro_batches: tuple[int, ...] = (1, 2, 4, 8)) -> SearchResult:
+    cfg, name = _model(model)
+    space = SearchSpace(gpus, global_batch, seq_len,
+                        tuple(Setting(p) for p in (precisions or [Setting.AMP_BF16])), micro_batches,
+                        optimizer=optimizer)
+    return _search(engine(gpu, db), cfg, space, tokens, price_per_gpu_hour, name)
+
+
+def prediction_frame(p: Prediction) -> Any:
+    """One prediction's per-operator rows as a Polars frame (predict(..., with_ops=True))."""
+    import polars as pl
+
+    return pl.DataFrame([r.__dict__ for r in p.ops])

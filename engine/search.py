@@ -1,0 +1,177 @@
+"""Plan a job: enumerate every valid DP/TP/PP split, micro-batch, precision, sequence parallelism,
+ZeRO stage and recomputation for N GPUs, predict each, rank them, and cost the token budget.
+
+Graphs depend only on (precision, micro-batch, TP, SP, recompute), so a search traces each such
+combination once and evaluates every DP/PP/ZeRO variant from the shared graph and lookups.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tp_query.schema.model_config import ModelSpec, parse_config
+from tp_query.schema.precision import Setting
+
+from .predict import Engine, PredictError, Prediction, PredictRequest
+
+
+class SearchError(ValueError):
+    """No configuration can be evaluated (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    gpus: int
+    global_batch: int
+    seq_len: int
+    precisions: tuple[Setting, ...] = (Setting.AMP_BF16,)
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[bool, ...] = (False, True)
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    optimizer: str = "adamw"
+    max_tp: int = 8  # TP stays inside one 8-GPU host
+
+
+@dataclass(frozen=True)
+class Candidate:
+    dp: int
+    tp: int
+    pp: int
+    micro_batch: int
+    precision: Setting
+    sequence_parallel: bool
+    zero: int
+    recompute: bool
+
+    def label(self) -> str:
+        extra = ("+SP" if self.sequence_parallel else "") + (f"+Z{self.zero}" if self.zero else "") + \
+            ("+RC" if self.recompute else "")
+        return f"DP{self.dp} TP{self.tp} PP{self.pp} mb{self.micro_batch} {self.precision.value}{extra}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    candidate: Candidate
+    iteration_ms: float | None
+    tokens_per_s: float | None
+    peak_memory_gib: float | None
+    fits: bool
+    reason: str = ""
+    breakdown: dict[str, float] = field(default_factory=dict)
+    job_hours: float | None = None
+    cost: float | None = None
+
+    def row(self) -> dict[str, Any]:
+        c = asdict(self.candidate)
+        c["precision"] = self.candidate.precision.value
+        return {**c, "label": self.candidate.label(), "iteration_ms": self.iteration_ms,
+                "tokens_per_s": self.tokens_per_s, "peak_memory_gib": self.peak_memory_gib, "fits": self.fits,
+                "reason": self.reason, "job_hours": self.job_hours, "cost": self.cost,
+                **{f"{k}": v for k, v in self.breakdown.items()}}
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Outcome]  # fitting configurations, fastest first
+    rejected: list[Outcome]  # invalid or out of memory, with the reason
+    evaluated: int
+    seconds: float
+    eval_seconds: float
+
+    def to_polars(self, include_rejected: bool = False) -> Any:
+        import polars as pl
+
+        rows = [o.row() for o in self.ranked + (self.rejected if include_rejected else [])]
+        return pl.DataFrame(rows)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def invalid_reason(spec: ModelSpec, c: Candidate, space: SearchSpace) -> str:
+    if c.tp > space.max_tp:
+        return f"TP={c.tp} exceeds one host ({space.max_tp} GPUs)"
+    for what, n in (("heads", spec.num_heads), ("KV heads", spec.num_kv_heads), ("FFN", spec.intermediate_size),
+                    ("vocab", spec.vocab_size)):
+        if n % c.tp:
+            return f"TP={c.tp} does not divide {what} ({n})"
+    if c.pp > spec.num_layers:
+        return f"PP={c.pp} > {spec.num_layers} layers"
+    if space.global_batch % (c.dp * c.micro_batch):
+        return f"global batch {space.global_batch} not divisible by DP x micro-batch"
+    if c.sequence_parallel and (c.tp == 1 or space.seq_len % c.tp):
+        return "sequence parallelism needs TP > 1 dividing the sequence"
+    if c.zero and c.dp == 1:
+        return "ZeRO needs DP > 1"
+    if c.zero and c.pp > 1:
+        return "ZeRO with pipeline parallelism is not modelled"
+    return ""
+
+
+def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate, str]]:
+    for tp, pp in itertools.product(_divisors(space.gpus), repeat=2):
+        if space.gpus % (tp * pp):
+            continue
+        dp = space.gpus // (tp * pp)
+        for prec, mb, sp, z, rc in itertools.product(space.precisions, space.micro_batches, space.sequence_parallel,
+                                                    space.zero_stages, space.recompute):
+            if (sp and tp == 1) or (z and dp == 1):
+                continue  # the same configuration as without the option: skip silently
+            c = Candidate(dp, tp, pp, mb, prec, sp, z, rc)
+            yield c, invalid_reason(spec, c, space)
+
+
+def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: float | None = None,
+           price_per_gpu_hour: float | None = None, name: str = "model",
+           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    if space.gpus <= 0 or space.global_batch <= 0 or space.seq_len <= 0:
+        raise SearchError("--gpus, --global-batch and --seq-len must be positive")
+    if not space.precisions:
+        raise SearchError("the precision list is empty")
+    spec = parse_config(model, name)
+    t0 = time.perf_counter()
+    ranked: list[Outcome] = []
+    rejected: list[Outcome] = []
+    cands = list(candidates(spec, space))
+    valid = [c for c, r in cands if not r]
+    for c, r in cands:
+        if r:
+            rejected.append(Outcome(c, None, None, None, False, r))
+    if not valid:
+        raise SearchError(f"no split of {space.gpus} GPUs is valid for this model: "
+                          + (rejected[0].reason if rejected else "nothing to try"))
+    # group by graph so each graph is traced once, then evaluate every variant
+    valid.sort(key=lambda c: (c.precision.value, c.micro_batch, c.tp, c.sequence_parallel, c.recompute))
+    eval_time = 0.0
+    for i, c in enumerate(valid):
+        req = PredictRequest(model, name, engine.gpu.name, c.precision, c.dp, c.tp, c.pp, c.micro_batch,
+                             space.global_batch, space.seq_len, space.optimizer, c.sequence_parallel, c.zero,
+                             c.recompute)
+        try:
+            engine.graph(req)  # trace (once per graph key) outside the timed evaluation
+            te = time.perf_counter()
+            p: Prediction = engine.predict(req)
+            eval_time += time.perf_counter() - te
+        except PredictError as e:
+            rejected.append(Outcome(c, None, None, None, False, str(e)))
+            continue
+        hours = cost = None
+        if tokens:
+            hours = tokens / p.tokens_per_s / 3600.0
+            if price_per_gpu_hour is not None:
+                cost = hours * space.gpus * price_per_gpu_hour
+        o = Outcome(c, p.iteration_ms, p.tokens_per_s, p.peak_memory_gib, p.fits,
+                    "" if p.fits else f"out of memory: peak {p.peak_memory_gib:.1f} GiB > "
+                                      f"{p.memory['capacity_gib']:.1f} GiB usable",
+                    p.breakdown, hours, cost)
+        (ranked if p.fits else rejected).append(o)
+        if progress:
+            progress(i + 1, len(valid))
+    ranked.sort(key=lambda o: o.iteration_ms or float("inf"))
+    return SearchResult(ranked, rejected, len(valid), time.perf_counter() - t0, eval_time)

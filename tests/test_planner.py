@@ -1,0 +1,136 @@
+"""Planning: search over splits, the Python API, plots, and the database read from object storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tp_query.engine.api import predict as api_predict
+from tp_query.engine.api import search as api_search
+from tp_query.engine.predict import Engine
+from tp_query.engine.search import SearchError, SearchSpace, search
+from tp_query.schema.precision import Setting
+
+from .conftest import TINY_LLAMA, run_cli
+
+
+def test_search_ranks_valid_configurations(cpu_db: Path) -> None:
+    eng = Engine("cpu", str(cpu_db))
+    res = search(eng, TINY_LLAMA, SearchSpace(4, 8, 64, micro_batches=(1, 2), zero_stages=(0, 1),
+                                              recompute=(False,), sequence_parallel=(False,)),
+                 tokens=1e6, price_per_gpu_hour=2.0)
+    assert res.ranked and all(o.fits for o in res.ranked)
+    times = [o.iteration_ms for o in res.ranked]
+    assert times == sorted(times)
+    labels = {o.candidate.label() for o in res.ranked}
+    assert any("TP2" in s for s in labels) and any("DP4" in s for s in labels)
+    # tiny llama has 4 heads and 2 KV heads: TP=4 divides heads but not KV heads
+    assert any("does not divide KV heads" in o.reason for o in res.rejected)
+    best = res.ranked[0]
+    assert best.job_hours == pytest.approx(1e6 / best.tokens_per_s / 3600)
+    assert best.cost == pytest.approx(best.job_hours * 4 * 2.0)
+    df = res.to_polars()
+    assert df.height == len(res.ranked) and "iteration_ms" in df.columns
+
+
+def test_search_bad_input(cpu_db: Path) -> None:
+    eng = Engine("cpu", str(cpu_db))
+    with pytest.raises(SearchError, match="empty"):
+        search(eng, TINY_LLAMA, SearchSpace(4, 8, 64, precisions=()))
+    with pytest.raises(SearchError, match="no split"):
+        search(eng, TINY_LLAMA, SearchSpace(3, 7, 64, micro_batches=(2,)))
+    r = run_cli("search", str(Path(__file__).parent / "nonexistent.json"), "--gpus", "4", "--global-batch", "8")
+    assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_search_cli_json(cpu_db: Path, tiny_llama_file: Path) -> None:
+    r = run_cli("search", str(tiny_llama_file), "--gpus", "2", "--global-batch", "4", "--seq-len", "64",
+                "--gpu", "cpu", "--db", str(cpu_db), "--json", "--micro-batch", "1", "--show-unfit")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["ranked"] and {"dp", "tp", "pp", "iteration_ms", "fits"} <= set(d["ranked"][0])
+
+
+def test_python_api(cpu_db: Path, tiny_llama_file: Path) -> None:
+    p = api_predict(tiny_llama_file, gpu="cpu", db=str(cpu_db), precision="fp32", seq_len=64, with_ops=True)
+    assert p.iteration_ms > 0 and p.config["precision"] == "fp32"
+    from tp_query.engine.api import prediction_frame
+
+    assert prediction_frame(p).height == len(p.ops)
+    r = api_search(TINY_LLAMA, gpus=2, global_batch=2, seq_len=64, gpu="cpu", db=str(cpu_db), micro_batches=(1,))
+    assert r.ranked
+
+
+def test_plots(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b.svg"
+    r = run_cli("plot", "breakdown", "--model", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db),
+                "--seq-len", "64", "--precision", "fp32", "--precision", "amp_bf16", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    svg = out.read_text()
+    assert svg.startswith("<svg") and "amp_bf16" in svg and "forward" in svg
+    out2 = tmp_path / "l.svg"
+    r = run_cli("plot", "latency", "--kind", "mm", "--gpu", "cpu", "--db", str(cpu_db), "-o", str(out2))
+    assert r.returncode == 0, r.stderr
+    assert "<path" in out2.read_text()
+    r = run_cli("plot", "latency", "--kind", "nope", "--gpu", "cpu", "--db", str(cpu_db), "-o", str(out2))
+    assert r.returncode == 2 and "no measurements" in r.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> str:
+    pytest.importorskip("moto")
+    boto3 = pytest.importorskip("boto3")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    os.environ.update({"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_ENDPOINT_URL": url})
+    boto3.client("s3", endpoint_url=url).create_bucket(Bucket="fleet")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_database_on_object_storage(s3_server: str, cpu_db: Path, tmp_path: Path) -> None:
+    """A fleet shares one database in object storage; DuckDB reads it in place through httpfs."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    for f in sorted((cpu_db / "cpu" / "ops").glob("*.parquet")):
+        s3.upload_file(str(f), "fleet", f"profiles/cpu/ops/{f.name}")
+    try:
+        remote = Engine("cpu", "s3://fleet/profiles")
+    except Exception as e:  # httpfs must be installable (it is downloaded once by DuckDB)
+        if "httpfs" in str(e):
+            pytest.skip(f"DuckDB httpfs unavailable here: {e}")
+        raise
+    local = Engine("cpu", str(cpu_db))
+    n_remote = remote.db.sql("SELECT count(*) AS n FROM ops").to_pylist()[0]["n"]
+    n_local = local.db.sql("SELECT count(*) AS n FROM ops").to_pylist()[0]["n"]
+    assert n_remote == n_local > 0
+    from tp_query.engine.predict import PredictRequest
+
+    req = PredictRequest(TINY_LLAMA, "tiny", "cpu", Setting.AMP_BF16, seq_len=64)
+    assert remote.predict(req).iteration_ms == pytest.approx(local.predict(req).iteration_ms)
+    shutil.rmtree(tmp_path, ignore_errors=True)
