@@ -19,6 +19,7 @@ def _attention_backward(call: OpCall, device: torch.device) -> Callable[[], Any]
     grad_out, q, k, v = args[0], args[qi], args[qi + 1], args[qi + 2]
     dropout, causal = args[di], args[ci]
     scale = kwargs.get("scale")
+    bargs: tuple[Any, ...]
     fwd = resolve_op(fwd_name)
     bwd = resolve_op(call.op)
     if fwd_name.endswith("cudnn_attention.default"):

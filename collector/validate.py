@@ -359,7 +359,7 @@ def run_oplog(cases: list[Case], path: Path, device: Device) -> int:
                              "count": cnt, **dataclasses.asdict(prov)})
             print(f"[oplog] {c.case_id}: {sum(counter.counts.values())} ops", flush=True)
         finally:
-            model = opt = scaler = None
+            model = opt = scaler = None  # type: ignore[assignment]
             gc.collect()
             torch.cuda.empty_cache()
     path.parent.mkdir(parents=True, exist_ok=True)

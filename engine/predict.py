@@ -294,7 +294,7 @@ class SegmentCache:
     def __init__(self, eng: Engine, comp: Composer, tp: int) -> None:
         self.eng, self.comp, self.tp = eng, comp, tp
         self._sections: dict[tuple[Phase, Section], Segment] = {}
-        self._items: dict[tuple[int, int, str], Segment] = {}
+        self._items: dict[tuple[int, int, str, int], Segment] = {}
         self._stages: dict[tuple[Phase, tuple[tuple[Section, int], ...]], Segment] = {}
 
     def stage(self, phase: Phase, parts: list[tuple[Section, int]]) -> Segment:
@@ -444,7 +444,7 @@ class _Assemble:
         source_time: dict[str, float] = defaultdict(float)
         op_rows: dict[tuple[str, str], list[Any]] = {}
         raw = self.raw[crit]
-        src_sums = per_stage[crit]["src"]
+        src_sums: dict[str, np.ndarray] = per_stage[crit]["src"]  # type: ignore[assignment]
         for name, mult in (("fwd", m), ("bwd", m), ("opt", 1), ("accum", max(m - 1, 0)), ("ddp", 1)):
             for i, v in enumerate(src_sums[name] * mult):
                 if v:

@@ -11,7 +11,7 @@ from .predict import OpRow, Prediction
 
 
 def _bar(frac: float, width: int = 24) -> str:
-    n = int(round(frac * width))
+    n = round(frac * width)
     return "█" * n + "·" * (width - n)
 
 

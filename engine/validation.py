@@ -15,7 +15,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -95,7 +95,7 @@ def _full_config(cfg: dict[str, Any], tp: int) -> dict[str, Any]:
 class Study:
     """All validation cases, assembled once, evaluated under any host model."""
 
-    BASELINES = {"static-tf32": Setting.TF32, "static-bf16": Setting.BF16}
+    BASELINES: ClassVar[dict[str, Setting]] = {"static-tf32": Setting.TF32, "static-bf16": Setting.BF16}
 
     def __init__(self, engine: Engine, rows: list[dict[str, Any]], with_baselines: bool = True) -> None:
         self.engine = engine
@@ -138,6 +138,7 @@ class Study:
             if c.status != "ok" or c.case_id not in self.assembled or (split and c.split != split):
                 continue
             pred = self._time(self.assembled[c.case_id], c, host)
+            assert c.measured_ms
             out.append(math.log(pred / c.measured_ms))
         return out
 

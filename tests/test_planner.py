@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tp_query.engine.api import predict as api_predict
 from tp_query.engine.api import search as api_search
 from tp_query.engine.predict import Engine

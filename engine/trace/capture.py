@@ -29,7 +29,7 @@ from tp_query.schema.signature import OpCall, TensorSpec
 
 from . import autocast_cuda
 from . import cuda_composites as sdpa
-from .models import COMM_SINK, Shard, build_model
+from .models import COMM_SINK, CausalLM, Shard, build_model
 from .torchargs import dtype_of, encode_call, torch_dtype
 
 _ACC_GRAD_SEQ = 2**64 - 1
@@ -376,6 +376,7 @@ def trace_config(req: TraceRequest) -> Graph:
         if scaler is not None:
             static += 2 * BLOCK
 
+        assert isinstance(model, CausalLM)
         hooks = [model.embed.register_forward_pre_hook(lambda m, a: cap.enter(Section.EMBED)),
                  model.embed.register_forward_hook(lambda m, a, o: cap.mark("embed_end")),
                  model.head.register_forward_pre_hook(lambda m, a: cap.enter_head()),

@@ -171,7 +171,8 @@ class LlamaRotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq_expanded = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1).to(
+        inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]
+        inv_freq_expanded = inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1).to(
             dtype=torch.float, device=x.device)
         position_ids_expanded = position_ids[:, None, :].float()
         with torch.autocast(device_type=x.device.type, enabled=False):

@@ -69,7 +69,6 @@ def main() -> None:
     w = max(len(a) for a, _, _ in rows)
     for a, b, c in rows:
         print(f"{a:<{w}}  {b:>10}  target {c}")
-    del resource
 
 
 if __name__ == "__main__":
