@@ -6,7 +6,7 @@ GPU ?= h200
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test check lint typecheck collect validate report bench clean
+.PHONY: install demo test check lint typecheck collect collect-comm validate validate-dist report bench clean
 
 # A virtual environment with a CPU-only torch pinned first (a bare `torch` would pull a CUDA build).
 $(STAMP): pyproject.toml
@@ -49,6 +49,17 @@ collect: $(NS)/tp_query
 validate: $(NS)/tp_query
 	PYTHONPATH=$(NS) $(PY) -m tp_query.collector validate --gpu $(GPU) $(ARGS)
 	PYTHONPATH=$(NS) $(PY) -m tp_query.collector oplog --out data/validation/oplog-$(GPU).parquet
+
+# Several GPUs of one host (NGPU of them): NCCL collectives, and distributed training iterations.
+NGPU ?= 8
+collect-comm: $(NS)/tp_query
+	PYTHONPATH=$(NS) NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node $(NGPU) -m tp_query.collector comm \
+		--gpu $(GPU) --out data/$(GPU)/comm $(ARGS)
+
+validate-dist: $(NS)/tp_query
+	for split in "8 1" "4 2" "2 4" "1 8"; do set -- $$split; \
+	  PYTHONPATH=$(NS) NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node $(NGPU) -m tp_query.collector dist-validate \
+	    --gpu $(GPU) --model examples/llama3.1-8b.json --dp $$1 --tp $$2 --seq-len 4096 $(ARGS); done
 
 # CPU side: fit the host model on the calibration split, compare, write docs/validation.md.
 report: $(STAMP)

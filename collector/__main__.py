@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tp_query.schema.gpus import UnknownGpu, gpu_spec
 from tp_query.schema.precision import Precision
+from tp_query.schema.precision import Setting as Precision_setting
 
 from .device import Device, DeviceError
 from .store import StoreError
@@ -88,6 +89,22 @@ def _oplog(a: argparse.Namespace) -> int:
     return 0
 
 
+def _comm(a: argparse.Namespace) -> int:
+    from .comm import run_comm_campaign
+
+    spec = gpu_spec(a.gpu)
+    n = run_comm_campaign(Path(a.out or f"data/{spec.name}/comm"), spec.name, tiny=a.tiny, budget_s=a.budget_s)
+    print(f"[comm] measured {n} points")
+    return 0
+
+
+def _dist_validate(a: argparse.Namespace) -> int:
+    from .dist_validate import main_dist
+
+    main_dist(a.gpu, Path(a.model), Precision_setting(a.precision), a.dp, a.tp, a.micro_batch, a.seq_len, Path(a.out))
+    return 0
+
+
 def _memtrace(a: argparse.Namespace) -> int:
     from .validate import run_memtrace
 
@@ -129,6 +146,20 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--budget-s", type=float)
     o = sub.add_parser("oplog", help="log the aten ops of real iterations")
     o.add_argument("--out", default="data/validation/oplog.parquet")
+    cm = sub.add_parser("comm", help="NCCL collectives (launch with torchrun --nproc-per-node N)")
+    cm.add_argument("--gpu", required=True)
+    cm.add_argument("--out")
+    cm.add_argument("--tiny", action="store_true", help="few small sizes (CPU mode with gloo)")
+    cm.add_argument("--budget-s", type=float)
+    dv = sub.add_parser("dist-validate", help="a distributed training iteration (launch with torchrun)")
+    dv.add_argument("--gpu", required=True)
+    dv.add_argument("--model", required=True, help="HF config.json of a Llama-family model")
+    dv.add_argument("--precision", default="amp_bf16")
+    dv.add_argument("--dp", type=int, default=1)
+    dv.add_argument("--tp", type=int, default=1)
+    dv.add_argument("--micro-batch", type=int, default=1)
+    dv.add_argument("--seq-len", type=int, default=4096)
+    dv.add_argument("--out", default="data/validation")
     mt = sub.add_parser("memtrace", help="allocated memory after every op of one real iteration")
     mt.add_argument("--cases", required=True)
     mt.add_argument("--out", default="data/validation/memtrace.json")
@@ -137,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         return {"collect": _collect, "validate": _validate, "oplog": _oplog, "probe": _probe,
-                "memtrace": _memtrace}[a.cmd](a)
+                "memtrace": _memtrace, "comm": _comm, "dist-validate": _dist_validate}[a.cmd](a)
     except (UnknownGpu, DeviceError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

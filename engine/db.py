@@ -137,12 +137,10 @@ class Database:
                 FROM ops_ok a JOIN ops b ON a.key = b.key AND b.run = 2 AND b.status = 'ok'""")
         except duckdb.Error as e:
             raise DatabaseError(f"cannot read the profile database at {base}: {str(e).splitlines()[0]}") from None
-        for name, sub in (("comm", "comm"), ("validation", "../validation"), ("oplog", "../validation")):
-            pattern = f"{base}/{sub}/*.parquet"
-            if name == "oplog":
-                pattern = f"{base}/../validation/oplog-*.parquet"
-            elif name == "validation":
-                pattern = f"{base}/../validation/validation-*.parquet"
+        optional = {"comm": f"{base}/comm/*.parquet",
+                    "validation": f"{base}/../validation/validation-*.parquet",
+                    "oplog": f"{base}/../validation/oplog-*.parquet"}
+        for name, pattern in optional.items():
             if not remote and not glob.glob(pattern):
                 continue
             try:

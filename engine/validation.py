@@ -74,7 +74,7 @@ class CaseResult:
 
 
 def load_rows(root: Path) -> list[dict[str, Any]]:
-    files = sorted(glob.glob(str(root / "validation-*.parquet")))
+    files = sorted(glob.glob(str(root / "validation-*.parquet")))  # validation-dist-* included
     if not files:
         return []
     rows = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default").to_pylist()
@@ -110,9 +110,11 @@ class Study:
                            measured_peak_gib=(r["peak_allocated_bytes"] or 0) / 2**30 or None,
                            kernel_ms=r.get("kernel_ms"))
             accum = int(r.get("accum") or 1)
-            # What ran: the shard-shaped model on one GPU (for TP shards, a plain HF model of the shard).
-            req = PredictRequest(shard_cfg, r["model"], engine.gpu.name, Setting(r["setting"]),
-                                 micro_batch=r["micro_batch"], global_batch=r["micro_batch"] * accum,
+            dp, tp = int(r.get("dp") or 1), int(r.get("tp") or 1)
+            # What ran: the shard-shaped model on one GPU (for TP shards, a plain HF model of the shard), or
+            # a distributed run with its split.
+            req = PredictRequest(shard_cfg, r["model"], engine.gpu.name, Setting(r["setting"]), dp=dp, tp=tp,
+                                 micro_batch=r["micro_batch"], global_batch=r["micro_batch"] * accum * dp,
                                  seq_len=r["seq_len"], optimizer=r["optimizer"])
             try:
                 self.assembled[c.case_id] = engine.assemble(req)

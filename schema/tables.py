@@ -96,6 +96,9 @@ VALIDATION_SCHEMA = pa.schema(
         pa.field("optimizer", pa.string()),
         pa.field("tp_shard", pa.int32()),  # the case runs the TP-shard-shaped model of this TP degree
         pa.field("accum", pa.int32()),  # micro-batches per optimizer step
+        pa.field("dp", pa.int32()),  # distributed runs: the split (null for one GPU)
+        pa.field("tp", pa.int32()),
+        pa.field("pp", pa.int32()),
         pa.field("split", pa.string()),  # calibration | holdout
         pa.field("status", pa.string()),  # ok | oom | error
         pa.field("reason", pa.string()),

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tp_query.engine.db import Database
 
 ROOT = Path(__file__).resolve().parent.parent
