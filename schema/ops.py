@@ -286,9 +286,8 @@ def _gemm_unaligned_grid(p: Precision) -> Iterable[OpCall]:
 
 
 def _bmm_grid(p: Precision) -> Iterable[OpCall]:
-    """Attention's math path (fp32 with grouped-query heads): scores, P@V and their gradients."""
-    if p not in (Precision.FP32, Precision.TF32):
-        return
+    """Batched GEMMs shaped like attention's math path (fp32 with grouped-query heads): scores, P@V and
+    their gradients; measured in every precision."""
     dt = PRECISION_DTYPE[p]
     for b in (8, 16, 32, 64):
         for s in (512, 1024, 2048, 4096):
@@ -300,6 +299,19 @@ def _bmm_grid(p: Precision) -> Iterable[OpCall]:
                         a = _t((b, m, k), dt, (m * k, 1, m)) if lay[0] == "t" else _t((b, m, k), dt)
                         bb = _t((b, k, n), dt, (n * k, 1, k)) if lay[1] == "t" else _t((b, k, n), dt)
                         yield OpCall("aten.bmm.default", (a, bb))
+
+
+def _baddbmm_grid(p: Precision) -> Iterable[OpCall]:
+    """GPT-2's reordered, upcast attention scores (beta=0, alpha=scale) and other batched add-GEMMs."""
+    dt = PRECISION_DTYPE[p]
+    for b in (16, 64):
+        for s in (512, 1024, 2048):
+            for d in (64, 128):
+                if 2.0 * b * s * s * d > GEMM_FLOP_CAP[p]:
+                    continue
+                yield OpCall("aten.baddbmm.default", (_t((b, s, s), dt), _t((b, s, d), dt),
+                                                      _t((b, d, s), dt, (s * d, 1, d))),
+                             (("alpha", 0.125), ("beta", 0)))
 
 
 def _mm_grid(p: Precision) -> Iterable[OpCall]:
@@ -347,7 +359,7 @@ REGISTRY.register(OpKind("addmm", ("aten.addmm.default",), Family.GEMM, _addmm_f
 REGISTRY.register(OpKind("bmm", ("aten.bmm.default",), Family.GEMM, _bmm_features, _gemm_flops, _gemm_bytes,
                          tf32_sensitive=True, grid=_bmm_grid))
 REGISTRY.register(OpKind("baddbmm", ("aten.baddbmm.default",), Family.GEMM, _baddbmm_features, _gemm_flops,
-                         _gemm_bytes, tf32_sensitive=True))
+                         _gemm_bytes, tf32_sensitive=True, grid=_baddbmm_grid))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,12 +493,12 @@ REGISTRY.register(OpKind("attn_efficient_fwd", (_EFF,), Family.ATTENTION, _attn_
                          primary=0, grid=_attn_grid(_EFF, False, (Precision.FP32,))))
 REGISTRY.register(OpKind("attn_efficient_bwd", ("aten._scaled_dot_product_efficient_attention_backward.default",),
                          Family.ATTENTION, _attn_bwd_features, _attn_flops(2.5), input_rule=InputRule.FROM_FORWARD, primary=1,
-                         grid=_attn_grid(_EFF, True, (Precision.FP32,))))
+                         grid=_attn_grid(_EFF, True, (Precision.FP32, *HALF_PRECISIONS))))
 REGISTRY.register(OpKind("attn_flash_fwd", (_FLASH,), Family.ATTENTION, _attn_fwd_features, _attn_flops(1.0),
-                         primary=0))
+                         primary=0, grid=_attn_grid(_FLASH, False, HALF_PRECISIONS)))
 REGISTRY.register(OpKind("attn_flash_bwd", ("aten._scaled_dot_product_flash_attention_backward.default",),
                          Family.ATTENTION, _attn_bwd_features, _attn_flops(2.5), input_rule=InputRule.FROM_FORWARD,
-                         primary=1))
+                         primary=1, grid=_attn_grid(_FLASH, True, HALF_PRECISIONS)))
 
 
 # ---------------------------------------------------------------------------------------------
