@@ -69,7 +69,15 @@ def run_dist_case(cfg: dict[str, Any], setting: Setting, dp: int, tp: int, mb: i
     torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
     ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
     model, mesh = build(cfg, setting, dp, tp, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # Sharded (DTensor) and replicated (plain) parameters in separate groups: the default foreach
+    # AdamW cannot mix the two in one multi-tensor call.
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if isinstance(p, DTensor)]},
+              {"params": [p for p in params if not isinstance(p, DTensor)]}]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=1e-4,
+                            foreach=True if device.type == "cpu" else None)
     scaler = torch.amp.GradScaler(device.type) if st.grad_scaler else None
     g = torch.Generator(device="cpu").manual_seed(1000 + mesh.get_local_rank("dp"))  # same ids across a TP group
     ids = torch.randint(0, int(cfg["vocab_size"]), (mb, seq), generator=g).to(device)
