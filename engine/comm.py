@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +38,14 @@ def _ring_factor(collective: str, n: int) -> float:
 class CommModel:
     def __init__(self, gpu: GpuSpec, table: list[dict[str, Any]] | None = None) -> None:
         self.gpu = gpu
-        self.table: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        by: dict[tuple[str, int], dict[float, list[float]]] = {}
         for r in table or []:
-            if r.get("status") == "ok":
-                self.table.setdefault((r["collective"], int(r["ranks"])), []).append(
-                    (float(r["bytes"]), float(r["latency_us"])))
-        for v in self.table.values():
-            v.sort()
+            if r.get("status") == "ok" and r.get("latency_us"):
+                by.setdefault((r["collective"], int(r["ranks"])), {}).setdefault(float(r["bytes"]), []).append(
+                    float(r["latency_us"]))
+        # one point per message size (the median over dtypes: bandwidth-bound collectives barely care)
+        self.table: dict[tuple[str, int], list[tuple[float, float]]] = {
+            k: sorted((b, statistics.median(ts)) for b, ts in v.items()) for k, v in by.items()}
 
     def link(self, ranks: int, spans_hosts: bool) -> str:
         return "ib" if spans_hosts or ranks > GPUS_PER_HOST else "nvlink"
@@ -65,11 +67,10 @@ class CommModel:
 
 def _interp_loglog(pts: list[tuple[float, float]], x: float) -> float:
     if x <= pts[0][0]:
-        return pts[0][1] * (x / pts[0][0]) ** 0.0 if x < pts[0][0] else pts[0][1]
+        return pts[0][1]  # below the smallest message: latency-bound
     if x >= pts[-1][0]:
-        b0, t0 = pts[-2]
         b1, t1 = pts[-1]
-        return t1 + (x - b1) * (t1 - t0) / max(b1 - b0, 1.0)
+        return t1 * x / b1  # beyond the largest message: bandwidth-bound at the largest size's rate
     for (b0, t0), (b1, t1) in itertools.pairwise(pts):
         if b0 <= x <= b1:
             w = (math.log(x) - math.log(b0)) / (math.log(b1) - math.log(b0)) if b1 > b0 else 0.0

@@ -45,6 +45,7 @@ class CaseResult:
     sources: dict[str, float] = field(default_factory=dict)
     baselines: dict[str, float] = field(default_factory=dict)
     kernel_ms: float | None = None
+    kernel_breakdown: dict[str, Any] = field(default_factory=dict)
     error: str = ""
     distributed_compute_ms: float | None = None  # TP shards: the TP=k prediction's compute part
 
@@ -108,7 +109,9 @@ class Study:
             c = CaseResult(r["case_id"], r["model"], r["setting"], r["split"], r["micro_batch"], r["seq_len"],
                            int(r["tp_shard"] or 1), r["status"], r["iteration_ms"],
                            measured_peak_gib=(r["peak_allocated_bytes"] or 0) / 2**30 or None,
-                           kernel_ms=r.get("kernel_ms"))
+                           kernel_ms=r.get("kernel_ms"),
+                           kernel_breakdown=json.loads(r["kernel_breakdown_json"]) if r.get("kernel_breakdown_json")
+                           else {})
             accum = int(r.get("accum") or 1)
             dp, tp = int(r.get("dp") or 1), int(r.get("tp") or 1)
             # What ran: the shard-shaped model on one GPU (for TP shards, a plain HF model of the shard), or
@@ -227,11 +230,14 @@ def _mape(cs: list[CaseResult], key: str | None = None) -> tuple[float, float, i
     return statistics.mean(errs), max(errs), len(errs)
 
 
+SPLITS = ("calibration", "holdout", "all", "distributed")
+
+
 def summary(cases: list[CaseResult]) -> dict[str, Any]:
+    """Per split; "all" is every one-GPU case (calibration + holdout); distributed runs apart."""
     out: dict[str, Any] = {}
-    for split in ("calibration", "holdout", None):
-        sel = [c for c in cases if split is None or c.split == split]
-        name = split or "all"
+    for name in SPLITS:
+        sel = [c for c in cases if (c.split == name if name != "all" else c.split in ("calibration", "holdout"))]
         per = {}
         for s in Setting:
             m, mx, n = _mape([c for c in sel if c.setting == s.value])
@@ -261,14 +267,18 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
          "zero_grad; GradScaler under amp_fp16) timed with CUDA events over iterations after warm-up.", "",
          "Host model fitted on the calibration split only: " + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items()),
          "", "## Summary", "",
+         "`all` is every one-GPU case. `distributed` are runs over several GPUs (see the section below).", "",
          "| split | cases | MAPE | max APE | static-TF32 baseline | static-BF16 baseline | memory MAPE | fits/OOM right |",
          "|---|---|---|---|---|---|---|---|"]
-    for split in ("calibration", "holdout", "all"):
+    for split in SPLITS:
         s = summ[split]
+        if not s["n"] and not s["verdicts"]:
+            continue
         L.append(f"| {split} | {s['n']} | {pct(s['mape'])} | {pct(s['max'])} | {pct(s['baselines']['static-tf32'])} "
                  f"| {pct(s['baselines']['static-bf16'])} | {pct(s['memory_mape'])} | "
                  f"{s['verdicts_right']}/{s['verdicts']} |")
-    L += ["", "## MAPE per precision setting", "", "| setting | calibration | holdout | all |", "|---|---|---|---|"]
+    L += ["", "## MAPE per precision setting (one GPU)", "", "| setting | calibration | holdout | all |",
+          "|---|---|---|---|"]
     for st in Setting:
         row = [f"{pct(summ[sp]['per_setting'][st.value]['mape'])} (n={summ[sp]['per_setting'][st.value]['n']})"
                for sp in ("calibration", "holdout", "all")]
@@ -288,6 +298,38 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
             d = (c.distributed_compute_ms - c.measured_ms) / c.measured_ms
             L.append(f"| {c.case_id} | {c.measured_ms:.2f} | {c.predicted_ms:.2f} ({100 * (c.signed or 0):+.1f}%) | "
                      f"{c.distributed_compute_ms:.2f} ({100 * d:+.1f}%) |")
+    dist_cases = [c for c in cases if c.split == "distributed"]
+    if dist_cases:
+        L += ["", "## Distributed runs (2 x H200, NVLink)", "",
+              "DP runs are DistributedDataParallel; TP runs are torch.distributed.tensor.parallel on the decoder "
+              "layers (column-parallel q/k/v/gate/up, row-parallel o/down) with the embedding and LM head "
+              "replicated, and DTensor's Python dispatch on every sharded operator. The prediction uses "
+              "Megatron-LM semantics (vocab-parallel embedding and LM head, no DTensor), so the TP rows compare "
+              "different implementations: the predicted per-GPU memory and time omit the replicated 128k-vocab "
+              "head (about a quarter of this slice's parameters) and DTensor's host overhead. They are listed, "
+              "not hidden; DP rows compare like with like.", "",
+              "| case | measured ms | predicted ms | error | peak GiB meas / pred |", "|---|---|---|---|---|"]
+        for c in dist_cases:
+            L.append(f"| {c.case_id} | {c.measured_ms:.2f} | {c.predicted_ms or 0:.2f} | "
+                     f"{100 * (c.signed or 0):+.1f}% | {c.measured_peak_gib or 0:.1f} / {c.predicted_peak_gib or 0:.1f} |")
+    prof = [c for c in cases if c.kernel_ms and c.measured_ms and c.predicted_ms]
+    if prof:
+        L += ["", "## Where the time goes (torch.profiler on a few cases)", "",
+              "The profiler's GPU span (first kernel start to last kernel end of one iteration) against the "
+              "measured iteration, and the prediction split into GPU time and host overhead. The per-class kernel "
+              "times are the profiler's attribution by kernel name; they sum over overlapping events (the sum "
+              "can exceed the span), so they are indicative only.", "",
+              "| case | measured ms | profiler GPU span ms | predicted ms | predicted GPU ms | predicted host ms | "
+              "kernel classes (profiler, ms) |", "|---|---|---|---|---|---|---|"]
+        for c in prof:
+            assert c.measured_ms and c.kernel_ms and c.predicted_ms
+            host = c.breakdown.get("host_overhead_ms", 0.0)
+            cls = c.kernel_breakdown.get("kernel_ms_by_class", {})
+            cl = ", ".join(f"{k} {v:.1f}" for k, v in sorted(cls.items(), key=lambda kv: -kv[1]) if v >= 0.5)
+            span = c.kernel_breakdown.get("gpu_span_ms", 0.0)
+            L.append(f"| {c.case_id} | {c.measured_ms:.1f} | {span:.1f} | {c.predicted_ms:.1f} | "
+                     f"{c.predicted_ms - host:.1f} | {host:.1f} | {cl} |")
+    L += ["", "Notes on the remaining error: [validation-notes.md](validation-notes.md).", ""]
     L += ["", f"![predicted vs measured]({plot_file})", "", "## Cases", "",
           "| case | split | measured ms | predicted ms | error | exact/interp/extrap/miss | peak GiB meas/pred | fits pred / measured |",
           "|---|---|---|---|---|---|---|---|"]
