@@ -323,12 +323,12 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
               "kernel classes (profiler, ms) |", "|---|---|---|---|---|---|---|"]
         for c in prof:
             assert c.measured_ms and c.kernel_ms and c.predicted_ms
-            host = c.breakdown.get("host_overhead_ms", 0.0)
+            host_ms = c.breakdown.get("host_overhead_ms", 0.0)
             cls = c.kernel_breakdown.get("kernel_ms_by_class", {})
             cl = ", ".join(f"{k} {v:.1f}" for k, v in sorted(cls.items(), key=lambda kv: -kv[1]) if v >= 0.5)
             span = c.kernel_breakdown.get("gpu_span_ms", 0.0)
             L.append(f"| {c.case_id} | {c.measured_ms:.1f} | {span:.1f} | {c.predicted_ms:.1f} | "
-                     f"{c.predicted_ms - host:.1f} | {host:.1f} | {cl} |")
+                     f"{c.predicted_ms - host_ms:.1f} | {host_ms:.1f} | {cl} |")
     L += ["", "Notes on the remaining error: [validation-notes.md](validation-notes.md).", ""]
     L += ["", f"![predicted vs measured]({plot_file})", "", "## Cases", "",
           "| case | split | measured ms | predicted ms | error | exact/interp/extrap/miss | peak GiB meas/pred | fits pred / measured |",

@@ -60,11 +60,21 @@ def main() -> None:
             f"p = predict(PredictRequest(json.load(open({str(LLAMA70B)!r})), '70b', 'h200', Setting.AMP_BF16, "
             "dp=1, tp=8, pp=4, global_batch=32))")
     rss70 = child_peak_rss_mb(code, env)
+    from tp_query.engine.search import SearchSpace, search
+
+    cfg70 = json.loads(LLAMA70B.read_text())
+    space = SearchSpace(64, 512, 4096)
+    first = search(eng, cfg70, space)  # traces each graph once, fills the lookups
+    again = search(eng, cfg70, space)
     rows = [
         ("first prediction, 8B config, graph not cached (process)", f"{t_first:.2f} s", "< 5 s"),
         ("cold `tp-query predict` process, graph cached", f"{t_cold:.2f} s", "< 1.5 s"),
         ("cached prediction in-process (DP2 TP4)", f"{1000 * t_cached:.1f} ms", "< 50 ms"),
         ("engine peak RSS, 70B TP8 PP4 (trace + predict)", f"{rss70:.0f} MB", "< 1024 MB"),
+        (f"search 70B on 64 GPUs: {first.evaluated} configs, first pass (graphs traced, excluded)",
+         f"{first.evaluated / first.eval_seconds:,.0f}/s", ">= 1000/s"),
+        ("search again with the same engine (graphs and lookups shared)",
+         f"{again.evaluated / again.eval_seconds:,.0f}/s", ">= 1000/s"),
     ]
     w = max(len(a) for a, _, _ in rows)
     for a, b, c in rows:
