@@ -303,6 +303,43 @@ def _validate(req: TraceRequest) -> None:
         raise TraceError(f"unknown optimizer {req.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
 
 
+def _train_step(forward: Callable[[], Any], opt: torch.optim.Optimizer, scaler: Any, ac_dtype: torch.dtype | None,
+                cap: _Capture | None, section: Section) -> None:
+    """One training step as users write it: forward under autocast, (scaled) backward, optimizer step
+    (GradScaler: unscale, found_inf sync, step, update), zero_grad. `cap` marks the phases."""
+    if cap:
+        cap.phase = Phase.FWD
+        cap.enter(section)
+    with autocast_cuda.cuda_autocast(ac_dtype):
+        out = forward()
+    loss = getattr(out, "loss", out)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TraceError("the module's forward must return a scalar loss (or an object with .loss)")
+    del out
+    if cap:
+        cap.mark("fwd_end")
+        cap.phase = Phase.BWD
+    (scaler.scale(loss) if scaler else loss).backward()
+    del loss
+    if cap:
+        for w in list(cap._windows):
+            cap.close_window(w)
+        cap.mark("bwd_end")
+        cap.phase = Phase.OPT
+        cap.open_window("opt")
+    if scaler:
+        scaler.unscale_(opt)
+        if cap:
+            cap.sync()
+        opt.step()
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    if cap:
+        cap.close_window("opt")
+
+
 def trace_config(req: TraceRequest) -> Graph:
     """Trace one micro-batch's forward+backward and one optimizer step of `req.traced_layers` layers."""
     _validate(req)
@@ -335,34 +372,7 @@ def trace_config(req: TraceRequest) -> Graph:
             records_params.append(ParamRecord(name, tuple(p.shape), str(dtype_of(p.dtype)), sec, li))
 
         def step(cap: _Capture | None) -> None:
-            if cap:
-                cap.phase = Phase.FWD
-                cap.enter(Section.EMBED)
-            with autocast_cuda.cuda_autocast(ac_dtype):
-                loss = model(input_ids, labels)
-            if cap:
-                cap.mark("fwd_end")
-                cap.phase = Phase.BWD
-            (scaler.scale(loss) if scaler else loss).backward()
-            del loss
-            if cap:
-                cap.close_window("head")
-                for w in list(cap._windows):
-                    cap.close_window(w)
-                cap.mark("bwd_end")
-                cap.phase = Phase.OPT
-                cap.open_window("opt")
-            if scaler:
-                scaler.unscale_(opt)
-                if cap:
-                    cap.sync()
-                opt.step()
-                scaler.update()
-            else:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            if cap:
-                cap.close_window("opt")
+            _train_step(lambda: model(input_ids, labels), opt, scaler, ac_dtype, cap, Section.EMBED)
 
         # One step unrecorded: optimizer state and the grad scaler exist in steady state.
         with _Recorder(None):
@@ -452,33 +462,7 @@ def trace_module(factory: Callable[[], torch.nn.Module], make_inputs: Callable[[
                 if p.requires_grad]
 
         def step(cap: _Capture | None) -> None:
-            if cap:
-                cap.phase = Phase.FWD
-                cap.enter(Section.BODY)
-            with autocast_cuda.cuda_autocast(ac_dtype):
-                out = model(*inputs)
-            loss = getattr(out, "loss", out)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise TraceError("the module's forward must return a scalar loss (or an object with .loss)")
-            if cap:
-                cap.mark("fwd_end")
-                cap.phase = Phase.BWD
-            (scaler.scale(loss) if scaler else loss).backward()
-            if cap:
-                cap.mark("bwd_end")
-                cap.phase = Phase.OPT
-                cap.open_window("opt")
-            if scaler:
-                scaler.unscale_(opt)
-                if cap:
-                    cap.sync()
-                opt.step()
-                scaler.update()
-            else:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            if cap:
-                cap.close_window("opt")
+            _train_step(lambda: model(*inputs), opt, scaler, ac_dtype, cap, Section.BODY)
 
         with _Recorder(None):
             step(None)
