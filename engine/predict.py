@@ -470,9 +470,11 @@ class _Assemble:
                                  "measurement (roofline estimate)")
         if sources.get("extrapolated", 0) > 0.1:
             self.warnings.append(f"{sources['extrapolated']:.1%} of the time is extrapolated beyond measured shapes")
-        if par.gpus > 1 and not self.eng.comm.table:
-            self.warnings.append(f"no measured collectives for {self.eng.gpu.name}: communication uses the "
-                                 f"alpha-beta model (NVLink {self.eng.gpu.nvlink_bytes_per_s / 1e9:.0f} GB/s, "
+        if sources.get("comm-model", 0) > 0 or (par.dp > 1 and not self._dp_measured()):
+            have = sorted({r for _, r in self.eng.comm.table})
+            cover = f"measured tables cover {', '.join(map(str, have))} ranks" if have else "no measured collectives"
+            self.warnings.append(f"communication uses the alpha-beta model where not measured ({cover}; NVLink "
+                                 f"{self.eng.gpu.nvlink_bytes_per_s / 1e9:.0f} GB/s, "
                                  f"IB {self.eng.gpu.ib_bytes_per_s / 1e9:.0f} GB/s per GPU)")
         if self.req.strict and (sources.get("extrapolated", 0) > 0 or sources.get("miss", 0) > 0):
             raise PredictError(f"--strict: {sources['extrapolated'] + sources['miss']:.1%} of the time would come "
@@ -491,6 +493,11 @@ class _Assemble:
                     for s, r, mm in zip(self.stages, per_stage, mems, strict=True)],
             ops=self._op_rows(op_rows) if self.with_ops else [],
         )
+
+    def _dp_measured(self) -> bool:
+        par = self.par
+        kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
+        return self.eng.comm.estimate(kind, 1e6, par.dp, par.tp * par.dp > 8).source == Source.COMM_MEASURED
 
     def _p2p_bytes(self) -> float:
         spec = self.g.meta.model
