@@ -49,6 +49,8 @@ class Case:
     tp_shard: int = 1
     profile: bool = False
     accum: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    pp_stage: str = ""  # "first" | "middle" | "last": one pipeline stage of a PP split, on one GPU
+    pp: int = 1
 
     @property
     def layers(self) -> int:
@@ -137,6 +139,11 @@ def default_cases() -> list[Case]:
         cases.append(Case(f"gpt2-medium-mb4-s1024-accum4-{s}", "gpt2-medium", GPT2_MEDIUM, s, 4, 1024, "holdout",
                           accum=4))
     add("gpt2", GPT2, 12, 512, "holdout")
+    # pipeline stages of LLaMA-3-8B cut to 8 layers, PP=4 (2 layers a stage), run alone on one GPU
+    for s in ("amp_bf16", "bf16"):
+        for stage in ("first", "middle", "last"):
+            cases.append(Case(f"llama3-8b-L8-pp4-{stage}-mb1-s4096-{s}", "llama3-8b-L8", layers_of(LLAMA3_8B, 8), s,
+                              1, 4096, "holdout", pp_stage=stage, pp=4))
     # does not fit: full LLaMA-3-8B under AMP (16 bytes/parameter of state) and a 70B slice too deep
     add("llama3-8b-full", LLAMA3_8B, 1, 4096, "holdout", settings=["amp_bf16", "bf16"])
     add("llama3-70b-L12", layers_of(LLAMA3_70B, 12), 1, 4096, "holdout", settings=["amp_bf16"])
@@ -240,6 +247,79 @@ def _profile_iteration(model: Any, opt: Any, scaler: Any, ids: torch.Tensor, ac:
     return total, {"kernel_ms_by_class": by, "kernels": count, "gpu_span_ms": span}
 
 
+class _Stage(torch.nn.Module):
+    """One pipeline stage of an HF Llama-family model: its layer range, plus the embedding on the first
+    stage and the final norm, LM head and loss on the last (what torch.distributed.pipelining runs)."""
+
+    def __init__(self, model: Any, stage: str, pp: int) -> None:
+        super().__init__()
+        n = len(model.model.layers)
+        per = n // pp
+        lo = {"first": 0, "middle": per, "last": n - per}[stage]
+        self.stage = stage
+        self.layers = torch.nn.ModuleList(list(model.model.layers)[lo:lo + per])
+        self.rotary = model.model.rotary_emb
+        self.embed = model.model.embed_tokens if stage == "first" else None
+        self.norm = model.model.norm if stage == "last" else None
+        self.lm_head = model.lm_head if stage == "last" else None
+        self.loss_function = model.loss_function
+        self.vocab = model.config.vocab_size
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x
+        pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        pe = self.rotary(h, pos)
+        for layer in self.layers:
+            h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
+        if self.lm_head is None:
+            return h
+        logits = self.lm_head(self.norm(h))
+        return self.loss_function(logits=logits, labels=labels, vocab_size=self.vocab)
+
+
+def run_stage_case(case: Case, device: Device, iters: int = 8) -> dict[str, Any]:
+    st = SETTINGS[Setting(case.setting)]
+    dev = device.torch_device
+    torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
+    ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
+    model = _hf_model(case.config, torch_dtype(st.param_dtype), dev)
+    stage = _Stage(model, case.pp_stage, case.pp)
+    del model
+    opt = torch.optim.AdamW(stage.parameters(), lr=1e-4)
+    hidden = int(case.config["hidden_size"])
+    ids = torch.randint(0, int(case.config["vocab_size"]), (case.micro_batch, case.seq_len), device=dev)
+    act_dtype = torch.float32 if ac is not None or st.param_dtype.value == "fp32" else torch_dtype(st.param_dtype)
+    x = ids if case.pp_stage == "first" else torch.randn(case.micro_batch, case.seq_len, hidden, device=dev,
+                                                          dtype=act_dtype, requires_grad=True)
+    grad = torch.randn(case.micro_batch, case.seq_len, hidden, device=dev, dtype=act_dtype)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=ac) if ac else contextlib.nullcontext():
+            out = stage(x, ids)
+        if case.pp_stage == "last":
+            out.backward()
+        else:
+            out.backward(grad.to(out.dtype))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    events[0].record()
+    for i in range(iters):
+        step()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    samples = [a.elapsed_time(b) for a, b in itertools.pairwise(events)]
+    return {"status": "ok", "reason": "", "iteration_ms": statistics.median(samples), "p20_ms": quantile(samples, 0.2),
+            "p80_ms": quantile(samples, 0.8), "iterations": len(samples), "samples_ms": samples,
+            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()), "peak_reserved_bytes": None,
+            "kernel_ms": None, "kernel_breakdown_json": None}
+
+
 def make_optimizer(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     """What a user writes: torch's defaults (foreach on CUDA) unless fused is asked for."""
     if kind == "adamw_fused":
@@ -322,10 +402,24 @@ def run_validation(cases: list[Case], folder: Path, device: Device, budget_s: fl
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
             break
         clk = device.clocks()
-        res = run_case(c, device)
+        if c.pp_stage:
+            try:
+                res = run_stage_case(c, device)
+            except Exception as e:  # a failed case is a row with its reason
+                res = {"status": "oom" if isinstance(e, torch.OutOfMemoryError) else "error",
+                       "reason": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}",
+                       "iteration_ms": None, "p20_ms": None, "p80_ms": None, "iterations": 0, "samples_ms": [],
+                       "peak_allocated_bytes": None, "peak_reserved_bytes": None, "kernel_ms": None,
+                       "kernel_breakdown_json": None}
+            finally:
+                gc.collect()
+                torch.cuda.empty_cache()
+        else:
+            res = run_case(c, device)
         row = {"case_id": c.case_id, "model": c.model, "config_json": json.dumps(c.config, sort_keys=True),
                "layers": c.layers, "setting": c.setting, "micro_batch": c.micro_batch, "seq_len": c.seq_len,
-               "optimizer": c.optimizer, "tp_shard": c.tp_shard, "split": c.split, "accum": c.accum, **res,
+               "optimizer": c.optimizer, "tp_shard": c.tp_shard, "split": c.split, "accum": c.accum,
+               "pp": c.pp if c.pp_stage else None, "pp_stage": c.pp_stage or None, **res,
                "sm_clock_mhz": clk.sm_mhz, "measured_at": dt.datetime.now(dt.UTC).replace(microsecond=0),
                **dataclasses.asdict(prov)}
         store.append(row)

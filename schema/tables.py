@@ -99,6 +99,7 @@ VALIDATION_SCHEMA = pa.schema(
         pa.field("dp", pa.int32()),  # distributed runs: the split (null for one GPU)
         pa.field("tp", pa.int32()),
         pa.field("pp", pa.int32()),
+        pa.field("pp_stage", pa.string()),  # one stage of a PP split run alone: first | middle | last
         pa.field("split", pa.string()),  # calibration | holdout
         pa.field("status", pa.string()),  # ok | oom | error
         pa.field("reason", pa.string()),
