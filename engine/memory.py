@@ -61,7 +61,7 @@ def stage_memory(graph: Graph, stage: StageWork, par: Parallel, optimizer: str, 
     if not graph.meta.traced_layers:
         act_mb = mp.fwd_end_bytes
     acts = in_flight * act_mb
-    grads_live = g if (m > 1 or par.pp > 1) else 0
+    grads_live = g if m > 1 else 0  # later micro-batches run with the gradients of earlier ones
     head = mp.head_peak_bytes if stage.last else 0
     start_bwd = w + o + grads_live + acts + max(head, mp.layer_bwd_transient_bytes if stage.layers else 0)
     share = stage.param_numel / traced_numel

@@ -104,6 +104,7 @@ class Study:
         self.assembled: dict[str, Any] = {}
         self.baseline_asm: dict[tuple[str, str], Any] = {}
         self.dist_asm: dict[str, Any] = {}
+        self.stage_of: dict[str, int] = {}
         for r in sorted(rows, key=lambda r: r["case_id"]):
             shard_cfg = json.loads(r["config_json"])
             c = CaseResult(r["case_id"], r["model"], r["setting"], r["split"], r["micro_batch"], r["seq_len"],
@@ -113,10 +114,13 @@ class Study:
                            kernel_breakdown=json.loads(r["kernel_breakdown_json"]) if r.get("kernel_breakdown_json")
                            else {})
             accum = int(r.get("accum") or 1)
-            dp, tp = int(r.get("dp") or 1), int(r.get("tp") or 1)
+            dp, tp, pp = int(r.get("dp") or 1), int(r.get("tp") or 1), int(r.get("pp") or 1)
+            stage = r.get("pp_stage")
+            if stage:  # one stage of a PP split, alone on one GPU: compare with that stage's prediction
+                self.stage_of[c.case_id] = {"first": 0, "middle": 1, "last": pp - 1}[stage]
             # What ran: the shard-shaped model on one GPU (for TP shards, a plain HF model of the shard), or
             # a distributed run with its split.
-            req = PredictRequest(shard_cfg, r["model"], engine.gpu.name, Setting(r["setting"]), dp=dp, tp=tp,
+            req = PredictRequest(shard_cfg, r["model"], engine.gpu.name, Setting(r["setting"]), dp=dp, tp=tp, pp=pp,
                                  micro_batch=r["micro_batch"], global_batch=r["micro_batch"] * accum * dp,
                                  seq_len=r["seq_len"], optimizer=r["optimizer"])
             try:
@@ -132,7 +136,10 @@ class Study:
             self.cases.append(c)
 
     def _time(self, asm: Any, c: CaseResult, host: HostModel, compute_only: bool = False) -> float:
-        total_us, bd, _, _ = asm.evaluate(host)
+        total_us, bd, per_stage, _ = asm.evaluate(host)
+        if c.case_id in self.stage_of:
+            st = per_stage[self.stage_of[c.case_id]]
+            return (st["fwd_us"] + st["bwd_us"] + st["opt_us"] + host.per_iteration_us) / 1e3
         if compute_only:  # the distributed prediction without its communication
             total_us -= (bd["tp_comm_ms"] + bd["dp_comm_ms"] + bd["pp_comm_ms"]) * 1e3
         return total_us / 1e3
@@ -174,6 +181,8 @@ class Study:
             c.breakdown = p.breakdown
             c.predicted_peak_gib = p.peak_memory_gib
             c.predicted_fits = p.fits
+            if c.case_id in self.stage_of:
+                c.predicted_peak_gib = p.stages[self.stage_of[c.case_id]]["peak_memory_gib"]
             c.sources = p.sources
             for name in self.BASELINES:
                 a = self.baseline_asm.get((c.case_id, name))
