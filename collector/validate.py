@@ -271,7 +271,7 @@ class _Stage(torch.nn.Module):
         pe = self.rotary(h, pos)
         for layer in self.layers:
             h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
-        if self.lm_head is None:
+        if self.lm_head is None or self.norm is None:
             return h
         logits = self.lm_head(self.norm(h))
         return self.loss_function(logits=logits, labels=labels, vocab_size=self.vocab)

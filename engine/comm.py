@@ -41,7 +41,10 @@ class CommModel:
         by: dict[tuple[str, int], dict[float, list[float]]] = {}
         for r in table or []:
             if r.get("status") == "ok" and r.get("latency_us"):
-                by.setdefault((r["collective"], int(r["ranks"])), {}).setdefault(float(r["bytes"]), []).append(
+                # The campaign records each rank's input buffer; an all-gather is looked up by the size of
+                # the gathered tensor (what the graph records), ranks times larger.
+                nbytes = float(r["bytes"]) * (int(r["ranks"]) if r["collective"] == "all_gather" else 1)
+                by.setdefault((r["collective"], int(r["ranks"])), {}).setdefault(nbytes, []).append(
                     float(r["latency_us"]))
         # one point per message size (the median over dtypes: bandwidth-bound collectives barely care)
         self.table: dict[tuple[str, int], list[tuple[float, float]]] = {
