@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from tp_query.schema.gpus import bus_factor
 from tp_query.schema.tables import COMM_SCHEMA
 
 from .device import Device
@@ -96,14 +97,6 @@ def _run_one(coll: str, nbytes: int, group: Any, ranks: int, dtype: torch.dtype,
     return samples
 
 
-def _bus_factor(coll: str, n: int) -> float:
-    if coll == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if coll in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
-
-
 def link_type(device: torch.device, world: int) -> str:
     if device.type != "cuda":
         return "cpu-gloo"
@@ -159,7 +152,7 @@ def run_comm_campaign(out: Path, gpu: str, tiny: bool = False, budget_s: float |
                     "collective": coll, "bytes": nbytes, "ranks": g, "dtype": dname, "link": link,
                     "latency_us": med, "p20_us": quantile(samples, 0.2) if samples else None,
                     "p80_us": quantile(samples, 0.8) if samples else None, "samples": len(samples),
-                    "bus_bw_gbps": (nbytes * _bus_factor(coll, g) / (med * 1e-6) / 1e9) if med else None,
+                    "bus_bw_gbps": (nbytes * bus_factor(coll, g) / (med * 1e-6) / 1e9) if med else None,
                     "status": status, "reason": reason,
                     "measured_at": dt.datetime.now(dt.UTC).replace(microsecond=0), **asdict(prov)})
                 n += 1

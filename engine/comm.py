@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from tp_query.schema.gpus import GpuSpec
+from tp_query.schema.gpus import GpuSpec, bus_factor
 
 from .lookup import Source
 
@@ -25,14 +25,6 @@ class CommEstimate:
     us: float
     source: Source
     link: str
-
-
-def _ring_factor(collective: str, n: int) -> float:
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
 
 
 class CommModel:
@@ -64,7 +56,7 @@ class CommModel:
         lat = self.gpu.nvlink_latency_s if link == "nvlink" else self.gpu.ib_latency_s
         steps = 2 * (ranks - 1) if collective == "all_reduce" else (ranks - 1 if collective != "send_recv" else 1)
         t = steps * lat / max(1, math.log2(ranks) if collective == "all_reduce" else 1) + \
-            _ring_factor(collective, ranks) * nbytes / bw
+            bus_factor(collective, ranks) * nbytes / bw
         return CommEstimate(t * 1e6, Source.COMM_MODEL, link)
 
 

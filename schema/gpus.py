@@ -76,3 +76,14 @@ def normalise_nvml_name(nvml_name: str) -> str | None:
         if any(s in nvml_name for s in g.nvml_names):
             return g.name
     return None
+
+
+def bus_factor(collective: str, ranks: int) -> float:
+    """Share of the message each rank moves over its link in a ring algorithm (nccl-tests' busbw):
+    all-reduce 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n, the rest 1."""
+    n = max(ranks, 1)
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
