@@ -18,7 +18,6 @@ import json
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -516,8 +515,3 @@ def oplog_cases() -> list[Case]:
         for s in ALL_SETTINGS:
             out.append(Case(f"oplog-{model}-{s}", model, cfg, s, mb, seq, "oplog"))
     return out
-
-
-@contextlib.contextmanager
-def _nothing() -> Iterator[None]:
-    yield

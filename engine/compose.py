@@ -213,9 +213,6 @@ class Composer:
                 items.append(make_item(o.op, o.sig, Phase.OPT, self.allow_tf32))
         return items
 
-    def grad_dtype(self) -> DType:
-        return DType(self.traced_params[0].dtype) if self.traced_params else DType.FP32
-
     def accumulate_items(self, params: list[ParamRecord]) -> list[Item]:
         """AccumulateGrad with an existing gradient: grad += new, once per parameter."""
         return [_call_item(OpCall("aten.add_.Tensor", (_spec(p), _spec(p))), Phase.BWD, self.allow_tf32)

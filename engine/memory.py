@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tp_query.schema.gpus import GpuSpec
-from tp_query.schema.precision import DType
 
 from .compose import Parallel, StageWork
 from .graph import Graph, MemoryProfile
@@ -36,10 +35,6 @@ class MemoryBreakdown:
     @property
     def margin_bytes(self) -> int:
         return self.capacity_bytes - self.peak_bytes
-
-
-def _bytes(numel: int, dt: str) -> int:
-    return numel * DType(dt).itemsize
 
 
 def stage_memory(graph: Graph, stage: StageWork, par: Parallel, optimizer: str, gpu: GpuSpec) -> MemoryBreakdown:

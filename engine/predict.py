@@ -19,7 +19,7 @@ import numpy as np
 from tp_query.schema.gpus import GpuSpec, gpu_spec
 from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
 from tp_query.schema.ops import Family
-from tp_query.schema.precision import SETTINGS, DType, Setting
+from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.signature import TensorSpec
 
 from .comm import CommModel
@@ -107,10 +107,14 @@ def cache_dir() -> Path:
     return p
 
 
+def _trace_fields(req: PredictRequest) -> dict[str, Any]:
+    """What a request's traced graph depends on besides the model (DP, PP and ZeRO do not change it)."""
+    return {"setting": req.setting.value, "mb": req.micro_batch, "seq": req.seq_len, "tp": req.tp,
+            "sp": req.sequence_parallel and req.tp > 1, "rc": req.recompute, "opt": req.optimizer}
+
+
 def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
-    body = json.dumps({"spec": spec.to_dict(), "setting": req.setting.value, "mb": req.micro_batch,
-                       "seq": req.seq_len, "tp": req.tp, "sp": req.sequence_parallel and req.tp > 1,
-                       "rc": req.recompute, "opt": req.optimizer, "v": TRACE_VERSION}, sort_keys=True)
+    body = json.dumps({"spec": spec.to_dict(), **_trace_fields(req), "v": TRACE_VERSION}, sort_keys=True)
     return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
 
 
@@ -177,9 +181,7 @@ class Engine:
         """The traced graph of a request, kept in memory (search asks for the same ones often)."""
         if is_graph_json(req.model):
             return graph_for(req)
-        key = json.dumps({"m": req.model, "s": req.setting.value, "mb": req.micro_batch, "seq": req.seq_len,
-                          "tp": req.tp, "sp": req.sequence_parallel and req.tp > 1, "rc": req.recompute,
-                          "opt": req.optimizer}, sort_keys=True, default=str)
+        key = json.dumps({"model": req.model, **_trace_fields(req)}, sort_keys=True, default=str)
         g = self._graphs.get(key)
         if g is None:
             g = self._graphs[key] = graph_for(req)
@@ -294,7 +296,6 @@ class SegmentCache:
     def __init__(self, eng: Engine, comp: Composer, tp: int) -> None:
         self.eng, self.comp, self.tp = eng, comp, tp
         self._sections: dict[tuple[Phase, Section], Segment] = {}
-        self._items: dict[tuple[int, int, str, int], Segment] = {}
         self._stages: dict[tuple[Phase, tuple[tuple[Section, int], ...]], Segment] = {}
 
     def stage(self, phase: Phase, parts: list[tuple[Section, int]]) -> Segment:
@@ -311,16 +312,16 @@ class SegmentCache:
 
     def items_segment(self, a: list[Item], b: list[Item] | None, kind: str) -> Segment:
         k = (id(a), id(b), kind, self.tp)
-        self._items = self.eng.item_segments  # shared across graphs: optimizer lists are shared
-        if k not in self._items:
+        shared = self.eng.item_segments  # across graphs: the optimizer lists themselves are shared
+        if k not in shared:
             if kind == "opt":
                 items = [it for it in a if it.phase == Phase.OPT] + list(b or [])
             elif kind == "ddp":
                 items = [it for it in a if it.phase == Phase.BWD]
             else:
                 items = list(a)
-            self._items[k] = self._segment(items)
-        return self._items[k]
+            shared[k] = self._segment(items)
+        return shared[k]
 
     def _comm_us(self, it: Item) -> tuple[float, Source]:
         t = next(iter(it.call.tensors()))
@@ -501,10 +502,8 @@ class _Assemble:
 
     def _p2p_bytes(self) -> float:
         spec = self.g.meta.model
-        act_dt = DType.FP32 if SETTINGS[Setting(self.g.meta.setting)].param_dtype == DType.FP32 and \
-            SETTINGS[Setting(self.g.meta.setting)].autocast_dtype is None else DType.BF16
-        if SETTINGS[Setting(self.g.meta.setting)].autocast_dtype is not None:
-            act_dt = DType.FP32  # the residual stream stays fp32 under autocast with fp32 weights
+        # the residual stream is in the parameters' dtype (fp32 under autocast with fp32 weights)
+        act_dt = SETTINGS[Setting(self.g.meta.setting)].param_dtype
         seq = self.g.meta.seq_len // (self.par.tp if self.par.sequence_parallel else 1)
         return float(self.g.meta.micro_batch * seq * int(spec.get("hidden_size", 0)) * act_dt.itemsize)
 

@@ -8,7 +8,6 @@ generic campaign sweeps. The collector and the engine both read this module; it 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -54,7 +53,6 @@ class FamilySpec:
     family: Family
     axes: tuple[str, ...]
     exact: tuple[str, ...]
-    collapse: str  # 1-D feature for scattered blending when grid corners are missing
     # Blend in log space (power laws: GEMM, attention) or linear space (affine laws: bytes moved).
     log_space: bool = True
     # Categorical features derived from stored ones (applied alike to database rows and queries).
@@ -73,17 +71,16 @@ def _gemm_alignment(f: dict[str, Any]) -> dict[str, Any]:
 
 
 FAMILIES: dict[Family, FamilySpec] = {
-    Family.GEMM: FamilySpec(Family.GEMM, ("m", "n", "k"), ("layout", "batch", "aligned"), "flops",
+    Family.GEMM: FamilySpec(Family.GEMM, ("m", "n", "k"), ("layout", "batch", "aligned"),
                             derive=_gemm_alignment),
     # heads is batch x heads: the kernels parallelise over both alike; the GQA ratio only changes K/V reads
-    Family.ATTENTION: FamilySpec(Family.ATTENTION, ("heads", "seq_q"), ("head_dim", "causal", "dropout", "seq_k_eq"),
-                                 "flops"),
-    Family.ROWWISE: FamilySpec(Family.ROWWISE, ("rows", "cols"), (), "numel", log_space=False),
-    Family.EMBEDDING: FamilySpec(Family.EMBEDDING, ("tokens", "vocab", "dim"), (), "bytes", log_space=False),
-    Family.FOREACH: FamilySpec(Family.FOREACH, ("tensors", "numel"), (), "numel", log_space=False),
-    Family.ELEMENTWISE: FamilySpec(Family.ELEMENTWISE, ("numel",), ("pattern",), "numel", log_space=False),
-    Family.VIEW: FamilySpec(Family.VIEW, (), (), "numel"),
-    Family.HOST: FamilySpec(Family.HOST, (), (), "numel"),
+    Family.ATTENTION: FamilySpec(Family.ATTENTION, ("heads", "seq_q"), ("head_dim", "causal", "dropout", "seq_k_eq")),
+    Family.ROWWISE: FamilySpec(Family.ROWWISE, ("rows", "cols"), (), log_space=False),
+    Family.EMBEDDING: FamilySpec(Family.EMBEDDING, ("tokens", "vocab", "dim"), (), log_space=False),
+    Family.FOREACH: FamilySpec(Family.FOREACH, ("tensors", "numel"), (), log_space=False),
+    Family.ELEMENTWISE: FamilySpec(Family.ELEMENTWISE, ("numel",), ("pattern",), log_space=False),
+    Family.VIEW: FamilySpec(Family.VIEW, (), ()),
+    Family.HOST: FamilySpec(Family.HOST, (), ()),
 }
 
 # Every feature column any family uses, with its Parquet type ("int", "float", "str", "bool").
@@ -987,7 +984,3 @@ def grid_calls(precisions: Iterable[Precision] = FLOAT_PRECISIONS) -> Iterable[t
                 continue
             for call in kind.grid(p):
                 yield kind, p, call
-
-
-def log_distance(a: Features, b: Features, axes: tuple[str, ...]) -> float:
-    return math.sqrt(sum((math.log(max(a[x], 1)) - math.log(max(b[x], 1))) ** 2 for x in axes))

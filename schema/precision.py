@@ -83,10 +83,6 @@ class SettingSpec:
     allow_tf32: bool
     grad_scaler: bool
 
-    @property
-    def grad_dtype(self) -> DType:
-        return self.param_dtype
-
 
 SETTINGS: dict[Setting, SettingSpec] = {
     Setting.FP32: SettingSpec(DType.FP32, None, False, False),

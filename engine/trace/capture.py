@@ -407,8 +407,8 @@ def trace_config(req: TraceRequest) -> Graph:
             for h in hooks:
                 h.remove()
 
-    grad_bytes = sum(rounded(p.numel * torch_dtype(p.dtype).itemsize) for p in records_params
-                     if not _is_tied_dup(p, records_params, req.spec))
+    # named_parameters() lists a tied LM head once, under the embedding
+    grad_bytes = sum(rounded(p.numel * torch_dtype(p.dtype).itemsize) for p in records_params)
     mem = _memory_profile(cap, static, grad_bytes, req.traced_layers)
     meta = GraphMeta(
         source="config", model=req.spec.to_dict(), setting=req.setting.value, micro_batch=req.micro_batch,
@@ -417,10 +417,6 @@ def trace_config(req: TraceRequest) -> Graph:
         sdpa_policy=sdpa.POLICY_ID, extra={"trace_s": round(time.perf_counter() - t0, 3)},
     )
     return Graph(meta, tuple(cap.records), tuple(records_params), mem)
-
-
-def _is_tied_dup(p: ParamRecord, all_params: list[ParamRecord], spec: ModelSpec) -> bool:
-    return spec.tie_word_embeddings and p.name == "head.lm_head.weight"
 
 
 def _memory_profile(cap: _Capture, static: int, grad_bytes: int, n_layers: int) -> MemoryProfile:

@@ -12,7 +12,6 @@ generation: `POLICY_ID` is stored with every graph, and the GPU probe checks the
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -110,12 +109,3 @@ def install() -> None:
         lib.impl("scaled_dot_product_attention", _sdpa, "CompositeImplicitAutograd")
         lib.impl("dropout", _dropout, "CompositeImplicitAutograd")
     _LIB = lib
-
-
-def describe_choice(dtype: Any, head_dim: int, gqa: bool, masked: bool) -> str:
-    """For docs and the probe: which backend the emulation picks for a common case."""
-    dt = getattr(torch, str(dtype)) if isinstance(dtype, str) else dtype
-    q = torch.empty(1, 8, 16, head_dim, dtype=dt, device="meta")
-    k = torch.empty(1, 2 if gqa else 8, 16, head_dim, dtype=dt, device="meta")
-    m = torch.ones(16, 16, dtype=torch.bool, device="meta") if masked else None
-    return choose_backend(q, k, k, m, 0.0, not masked, gqa)
