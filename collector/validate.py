@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import gc
 import itertools
 import json
@@ -302,21 +303,51 @@ def run_stage_case(case: Case, device: Device, iters: int = 8) -> dict[str, Any]
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    return {**_EMPTY_ROW, **_time_steps(step, iters, iters, float("inf"))}
+
+
+_EMPTY_ROW: dict[str, Any] = {"status": "ok", "reason": "", "iteration_ms": None, "p20_ms": None, "p80_ms": None,
+                              "iterations": 0, "samples_ms": [], "peak_allocated_bytes": None,
+                              "peak_reserved_bytes": None, "kernel_ms": None, "kernel_breakdown_json": None}
+
+
+def _time_steps(step: Any, min_iters: int, max_iters: int, time_budget_s: float) -> dict[str, Any]:
+    """Three warm-up steps, then CUDA events at step boundaries (no extra synchronisation inside a
+    round): median, p20/p80 and every sample, plus the peak memory of the timed steps."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    events = [torch.cuda.Event(enable_timing=True)]
     events[0].record()
-    for i in range(iters):
+    t0 = time.perf_counter()
+    n = 0
+    while n < max_iters:
         step()
-        events[i + 1].record()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        events.append(e)
+        n += 1
+        if n >= min_iters and time.perf_counter() - t0 > time_budget_s:
+            break
+        if n >= min_iters and n % min_iters == 0:
+            torch.cuda.synchronize()
+            if time.perf_counter() - t0 > time_budget_s:
+                break
     torch.cuda.synchronize()
     samples = [a.elapsed_time(b) for a, b in itertools.pairwise(events)]
-    return {"status": "ok", "reason": "", "iteration_ms": statistics.median(samples), "p20_ms": quantile(samples, 0.2),
+    return {"iteration_ms": statistics.median(samples), "p20_ms": quantile(samples, 0.2),
             "p80_ms": quantile(samples, 0.8), "iterations": len(samples), "samples_ms": samples,
-            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()), "peak_reserved_bytes": None,
-            "kernel_ms": None, "kernel_breakdown_json": None}
+            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved())}
+
+
+def _failed_row(e: BaseException) -> dict[str, Any]:
+    """A case that failed is a row with its reason (out of memory is a result, not an error)."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return {**_EMPTY_ROW, "status": "oom", "reason": str(e).splitlines()[0][:300],
+                "peak_allocated_bytes": int(torch.cuda.max_memory_allocated())}
+    return {**_EMPTY_ROW, "status": "error", "reason": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
 
 
 def make_optimizer(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -334,55 +365,26 @@ def run_case(case: Case, device: Device, *, min_iters: int = 6, max_iters: int =
     dev = device.torch_device
     torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
     ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
-    row: dict[str, Any] = {"status": "ok", "reason": "", "iteration_ms": None, "p20_ms": None, "p80_ms": None,
-                           "iterations": 0, "samples_ms": [], "peak_allocated_bytes": None,
-                           "peak_reserved_bytes": None, "kernel_ms": None, "kernel_breakdown_json": None}
-    model = opt = scaler = None
+    row: dict[str, Any] = dict(_EMPTY_ROW)
+    model = opt = scaler = step = None
     try:
         model = _hf_model(case.config, torch_dtype(st.param_dtype), dev)
         opt = make_optimizer(case.optimizer, model)
         scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
         vocab = int(case.config["vocab_size"])
         ids = torch.randint(0, vocab, (case.micro_batch, case.seq_len), device=dev)
-        for _ in range(3):
-            _iteration(model, opt, scaler, ids, ac, accum=case.accum)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        events = [torch.cuda.Event(enable_timing=True)]
-        events[0].record()
-        t0 = time.perf_counter()
-        n = 0
-        while n < max_iters:
-            _iteration(model, opt, scaler, ids, ac, accum=case.accum)
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            events.append(e)
-            n += 1
-            if n >= min_iters and time.perf_counter() - t0 > time_budget_s:
-                break
-            if n >= min_iters and n % min_iters == 0:
-                torch.cuda.synchronize()
-                if time.perf_counter() - t0 > time_budget_s:
-                    break
-        torch.cuda.synchronize()
-        samples = [a.elapsed_time(b) for a, b in itertools.pairwise(events)]
-        row.update(iteration_ms=statistics.median(samples), p20_ms=quantile(samples, 0.2),
-                   p80_ms=quantile(samples, 0.8), iterations=len(samples), samples_ms=samples,
-                   peak_allocated_bytes=int(torch.cuda.max_memory_allocated()),
-                   peak_reserved_bytes=int(torch.cuda.max_memory_reserved()))
+        step = functools.partial(_iteration, model, opt, scaler, ids, ac, accum=case.accum)
+        row.update(_time_steps(step, min_iters, max_iters, time_budget_s))
         if case.profile:
             try:
                 kms, info = _profile_iteration(model, opt, scaler, ids, ac)
                 row.update(kernel_ms=kms, kernel_breakdown_json=json.dumps(info))
             except Exception as e:  # the timing above stands without the profile
                 row.update(kernel_breakdown_json=json.dumps({"error": str(e)[:300]}))
-    except torch.OutOfMemoryError as e:
-        row.update(status="oom", reason=str(e).splitlines()[0][:300],
-                   peak_allocated_bytes=int(torch.cuda.max_memory_allocated()))
-    except Exception as e:  # a failed case is a row with its reason
-        row.update(status="error", reason=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+    except Exception as e:
+        row = _failed_row(e)
     finally:
-        del model, opt, scaler
+        del model, opt, scaler, step  # the step closure holds the model too: free both before the next case
         gc.collect()
         torch.cuda.empty_cache()
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -404,12 +406,8 @@ def run_validation(cases: list[Case], folder: Path, device: Device, budget_s: fl
         if c.pp_stage:
             try:
                 res = run_stage_case(c, device)
-            except Exception as e:  # a failed case is a row with its reason
-                res = {"status": "oom" if isinstance(e, torch.OutOfMemoryError) else "error",
-                       "reason": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}",
-                       "iteration_ms": None, "p20_ms": None, "p80_ms": None, "iterations": 0, "samples_ms": [],
-                       "peak_allocated_bytes": None, "peak_reserved_bytes": None, "kernel_ms": None,
-                       "kernel_breakdown_json": None}
+            except Exception as e:
+                res = _failed_row(e)
             finally:
                 gc.collect()
                 torch.cuda.empty_cache()
