@@ -283,9 +283,10 @@ def search(
             best = min(oom, key=lambda o: o.peak_memory_gib or 1e9) if oom else None
             hint = f"; the smallest footprint is {best.candidate.label()} at {best.peak_memory_gib:.0f} GiB" if best else ""
             raise UserError(f"no configuration of {gpus} GPUs fits this model{hint}")
+        shown = res.ranked[:top] if top > 0 else res.ranked
         if as_json:
             typer.echo(json.dumps({"evaluated": res.evaluated, "seconds": res.seconds,
-                                   "ranked": [o.row() for o in res.ranked[:top] if top > 0 or True],
+                                   "ranked": [o.row() for o in shown],
                                    "rejected": [o.row() for o in res.rejected] if show_unfit else []},
                                   indent=1, default=float))
             return
@@ -296,7 +297,7 @@ def search(
             head += f" {'cost':>12}"
         lines = [f"{res.evaluated} configurations evaluated ({res.seconds:.1f} s, "
                  f"{res.evaluated / max(res.eval_seconds, 1e-9):,.0f}/s after tracing); {len(res.ranked)} fit", head]
-        for i, o in enumerate(res.ranked[:top] if top > 0 else res.ranked, 1):
+        for i, o in enumerate(shown, 1):
             line = f"{i:>3} {o.candidate.label():<42} {o.iteration_ms:>9.1f} {o.tokens_per_s:>11,.0f} " \
                    f"{o.peak_memory_gib:>6.1f}"
             if o.job_hours is not None:
