@@ -56,10 +56,15 @@ collect-comm: $(NS)/tp_query
 	PYTHONPATH=$(NS) NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node $(NGPU) -m tp_query.collector comm \
 		--gpu $(GPU) --out data/$(GPU)/comm $(ARGS)
 
+# Distributed training iterations (torch: DDP, FSDP2, DTensor TP/SP, pipelining; Megatron-Core), NGPU of
+# them: resumable, one torchrun for the whole campaign. Megatron-Core needs CUDA_DEVICE_MAX_CONNECTIONS=1.
+DIST_ENV := PYTHONPATH=$(NS)$(if $(PYTHONPATH),:$(PYTHONPATH)) NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 validate-dist: $(NS)/tp_query
-	for split in "8 1" "4 2" "2 4" "1 8"; do set -- $$split; \
-	  PYTHONPATH=$(NS) NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node $(NGPU) -m tp_query.collector dist-validate \
-	    --gpu $(GPU) --model examples/llama3.1-8b.json --dp $$1 --tp $$2 --seq-len 4096 $(ARGS); done
+	$(DIST_ENV) torchrun --nproc-per-node $(NGPU) -m tp_query.collector dist-probe --gpu $(GPU)
+	$(DIST_ENV) torchrun --nproc-per-node $(NGPU) -m tp_query.collector dist-validate --gpu $(GPU) \
+		--frameworks torch $(ARGS)
+	$(DIST_ENV) CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node $(NGPU) -m tp_query.collector \
+		dist-validate --gpu $(GPU) --frameworks megatron $(ARGS)
 
 # CPU side: fit the host model on the calibration split, compare, write docs/validation.md.
 report: $(STAMP)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from tp_query.schema.gpus import UnknownGpu, gpu_spec
 from tp_query.schema.precision import Precision
-from tp_query.schema.precision import Setting as Precision_setting
 
 from .device import Device, DeviceError
 from .store import StoreError
@@ -101,7 +100,15 @@ def _comm(a: argparse.Namespace) -> int:
 def _dist_validate(a: argparse.Namespace) -> int:
     from .dist_validate import main_dist
 
-    main_dist(a.gpu, Path(a.model), Precision_setting(a.precision), a.dp, a.tp, a.micro_batch, a.seq_len, Path(a.out))
+    main_dist(a.gpu, Path(a.out), a.only, a.budget_s, a.frameworks, Path(a.tiny_model) if a.tiny_model else None)
+    return 0
+
+
+def _dist_probe(a: argparse.Namespace) -> int:
+    from .dist_probe import main_probe
+
+    spec = gpu_spec(a.gpu)
+    main_probe(spec.name, Path(a.out or f"data/{spec.name}"), a.what)
     return 0
 
 
@@ -153,13 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     cm.add_argument("--budget-s", type=float)
     dv = sub.add_parser("dist-validate", help="a distributed training iteration (launch with torchrun)")
     dv.add_argument("--gpu", required=True)
-    dv.add_argument("--model", required=True, help="HF config.json of a Llama-family model")
-    dv.add_argument("--precision", default="amp_bf16")
-    dv.add_argument("--dp", type=int, default=1)
-    dv.add_argument("--tp", type=int, default=1)
-    dv.add_argument("--micro-batch", type=int, default=1)
-    dv.add_argument("--seq-len", type=int, default=4096)
+    dv.add_argument("--only", help="comma-separated substrings of case ids")
+    dv.add_argument("--frameworks", default="torch,megatron")
+    dv.add_argument("--tiny-model", help="run the torch campaign on this small config at 64 tokens (CPU tests)")
+    dv.add_argument("--budget-s", type=float)
     dv.add_argument("--out", default="data/validation")
+    dp_ = sub.add_parser("dist-probe", help="overlap and framework host costs (launch with torchrun)")
+    dp_.add_argument("--gpu", required=True)
+    dp_.add_argument("--out", help="the GPU's database folder (default data/<gpu>)")
+    dp_.add_argument("--what", default="overlap,host")
     mt = sub.add_parser("memtrace", help="allocated memory after every op of one real iteration")
     mt.add_argument("--cases", required=True)
     mt.add_argument("--out", default="data/validation/memtrace.json")
@@ -168,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         return {"collect": _collect, "validate": _validate, "oplog": _oplog, "probe": _probe,
-                "memtrace": _memtrace, "comm": _comm, "dist-validate": _dist_validate}[a.cmd](a)
+                "memtrace": _memtrace, "comm": _comm, "dist-validate": _dist_validate,
+                "dist-probe": _dist_probe}[a.cmd](a)
     except (UnknownGpu, DeviceError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

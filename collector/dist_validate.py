@@ -1,12 +1,23 @@
-"""Distributed validation: real training iterations of a HuggingFace Llama-family model over several
-GPUs of one host, launched with torchrun, for `make validate-dist`.
+"""Distributed validation: real training iterations over the GPUs of one host, with the stacks users run,
+for `make validate-dist NGPU=N` (launched once with torchrun; the campaign loops over its cases).
 
-    torchrun --nproc-per-node 8 -m tp_query.collector dist-validate --gpu h200 --dp 2 --tp 4
+    torchrun --nproc-per-node 2 -m tp_query.collector dist-validate --gpu h200 [--only fsdp,tp]
 
-DP is DistributedDataParallel; TP is torch.distributed.tensor.parallel (column-parallel q/k/v and
-gate/up, row-parallel o and down, as Megatron does), DP x TP on a 2-D device mesh. Pipeline
-parallelism (torch.distributed.pipelining, 1F1B) is not implemented yet. Rank 0 writes one row per
-case to data/validation/ with the split. On CPUs the gloo backend runs the same code (tests).
+Frameworks and kinds (any N; splits that need more GPUs than N are left out):
+- torch: DDP (defaults; gradient_as_bucket_view), FSDP2 (`fully_shard` per decoder layer and on the root,
+  reshard_after_forward True = ZeRO-3 / False = ZeRO-2, optionally a MixedPrecisionPolicy), DTensor tensor
+  parallel with Megatron semantics (vocab-parallel embedding, column-parallel q/k/v/gate/up, row-parallel
+  o/down, column-parallel LM head with `loss_parallel`), with and without sequence parallel, and
+  `torch.distributed.pipelining` (GPipe, 1F1B, interleaved 1F1B). DP x TP and DP x PP where N allows.
+- megatron: Megatron-Core GPTModel (local spec), its TP, PP (1F1B), DDP and distributed optimizer
+  (`dist_megatron.py`).
+
+Timing: a barrier, then CUDA events around every iteration on every rank; the iteration is the max over
+ranks of the per-rank median. Peak allocated memory per rank (the max is the row's figure). A few cases
+also record a profiler timeline summary (NCCL kernel time and how much of it compute kernels hid).
+Resumable: finished cases are rows; a case that killed the job is recorded as failed on the next run,
+never retried forever. Rank 0 writes rows to data/validation/ (split "distributed"). On CPUs the gloo
+backend runs the same code (tests).
 """
 
 from __future__ import annotations
@@ -18,6 +29,8 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,60 +44,204 @@ from .device import Device
 from .store import ChunkedStore
 from .timing import quantile
 
-
-def _tp_plan() -> dict[str, Any]:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    return {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel()}
+TORCH_KINDS = ("ddp", "ddp_bucket_view", "fsdp_z3", "fsdp_z2", "tp", "tp_sp", "pp_gpipe", "pp_1f1b",
+               "pp_interleaved")
+MEGATRON_KINDS = ("mcore_dp", "mcore_dp_distopt", "mcore_tp", "mcore_pp")
 
 
-def build(cfg: dict[str, Any], setting: Setting, dp: int, tp: int, device: torch.device) -> tuple[Any, Any]:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import parallelize_module
+@dataclass(frozen=True)
+class DistCase:
+    """One distributed training configuration, as a user would launch it."""
+
+    case_id: str
+    framework: str  # torch | megatron
+    kind: str  # one of TORCH_KINDS / MEGATRON_KINDS
+    model: str
+    config: dict[str, Any]
+    setting: str
+    dp: int
+    tp: int
+    pp: int
+    micro_batch: int = 1
+    seq_len: int = 4096
+    micro_batches: int = 1  # per optimizer step on each DP rank (pipeline micro-batches)
+    split: str = "holdout"  # calibration | holdout
+    profile: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def layers(self) -> int:
+        return int(self.config["num_hidden_layers"])
+
+
+def tiny_cases(world: int, cfg: dict[str, Any]) -> list[DistCase]:
+    """The torch campaign on a tiny model (CPU with gloo in the tests)."""
+    out = []
+    for c in dist_cases(world):
+        if c.framework == "torch" and c.model.startswith("llama3") and c.setting in ("tf32", "mp_bf16"):
+            out.append(dataclasses.replace(c, config=cfg, seq_len=64, model="tiny",
+                                           case_id=c.case_id.replace(c.model, "tiny")))
+    return out
+
+
+def dist_cases(world: int) -> list[DistCase]:
+    """The campaign for `world` GPUs. Calibration: the LLaMA-3-8B shape (host/dispatch constants are fitted
+    there); holdout: the Qwen2-7B shape (other widths, biases, vocabulary) and every 8-micro-batch pipeline."""
+    from .validate import LLAMA3_8B, QWEN2_7B, layers_of
+
+    shapes = [("llama3-8b-L4", layers_of(LLAMA3_8B, 4), "calibration"),
+              ("qwen2-7b-L4", layers_of(QWEN2_7B, 4), "holdout")]
+    out: list[DistCase] = []
+
+    def add(fw: str, kind: str, model: str, cfg: dict[str, Any], setting: str, split: str, *, dp: int = 1,
+            tp: int = 1, pp: int = 1, m: int = 1, profile: bool = False, **options: Any) -> None:
+        if dp * tp * pp != world:
+            return
+        opt = "".join(f"-{k}" for k, v in sorted(options.items()) if v is True)
+        cid = f"{fw}-{kind}-{model}-dp{dp}-tp{tp}-pp{pp}-m{m}{opt}-{setting}"
+        out.append(DistCase(cid, fw, kind, model, cfg, setting, dp, tp, pp, micro_batches=m, split=split,
+                            profile=profile, options=options))
+
+    settings = ("amp_bf16", "bf16", "tf32")
+    for model, cfg, split in shapes:
+        for s in settings:
+            prof = s == "amp_bf16" and split == "calibration"
+            add("torch", "ddp", model, cfg, s, split, dp=world, profile=prof)
+            add("torch", "ddp_bucket_view", model, cfg, s, split, dp=world)
+            add("torch", "fsdp_z3", model, cfg, s, split, dp=world, profile=prof)
+            add("torch", "fsdp_z2", model, cfg, s, split, dp=world)
+            add("torch", "tp", model, cfg, s, split, tp=world, profile=prof)
+            add("torch", "tp_sp", model, cfg, s, split, tp=world)
+            for m in (4, 8):
+                add("torch", "pp_1f1b", model, cfg, s, split if m == 4 else "holdout", pp=world, m=m,
+                    profile=prof and m == 4)
+            add("torch", "pp_gpipe", model, cfg, s, split, pp=world, m=4)
+            add("torch", "pp_interleaved", model, cfg, s, split, pp=world, m=4)
+            if world >= 4:
+                add("torch", "tp", model, cfg, s, split, dp=world // 2, tp=2)
+                add("torch", "pp_1f1b", model, cfg, s, split, dp=world // 2, pp=2, m=4)
+        # FSDP2 with a MixedPrecisionPolicy (bf16 compute, fp32 master weights and gradient reduction)
+        add("torch", "fsdp_z3", model, cfg, "mp_bf16", split, dp=world)
+        add("torch", "fsdp_z2", model, cfg, "mp_bf16", split, dp=world)
+        # Megatron-Core: its standard --bf16 recipe, and fp32/tf32
+        for s in ("mp_bf16", "tf32"):
+            add("megatron", "mcore_dp", model, cfg, s, split, dp=world)
+            add("megatron", "mcore_dp_distopt", model, cfg, s, split, dp=world, distributed_optimizer=True)
+            add("megatron", "mcore_tp", model, cfg, s, split, tp=world)
+            add("megatron", "mcore_pp", model, cfg, s, split, pp=world, m=4)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# building what each rank runs
+# ---------------------------------------------------------------------------------------------
+
+def _hf_model(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    st = SETTINGS[setting]
     hcfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     with device:
-        model = AutoModelForCausalLM.from_config(hcfg, dtype=torch_dtype(st.param_dtype), attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(hcfg, dtype=dtype, attn_implementation="sdpa")
     model.train()
-    mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
-    if tp > 1:
+    return model
+
+
+def _autocast(device: torch.device, setting: str) -> Any:
+    ac = SETTINGS[Setting(setting)].autocast_dtype
+    return torch.autocast(device.type, dtype=torch_dtype(ac)) if ac else contextlib.nullcontext()
+
+
+def _param_dtype(setting: str) -> torch.dtype:
+    st = SETTINGS[Setting(setting)]
+    # FSDP2's MixedPrecisionPolicy keeps fp32 sharded parameters and casts them to bf16 when it gathers them
+    return torch.float32 if st.master_weights else torch_dtype(st.param_dtype)
+
+
+def _tp_layer_plan(sp: bool) -> dict[str, Any]:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+
+    plan: dict[str, Any] = {
+        "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel(),
+    }
+    if sp:  # torchtitan's sequence parallel: norms on sequence shards, all-gather before attention/MLP
+        plan.update({
+            "input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        })
+    return plan
+
+
+def _apply_tp(model: Any, mesh: Any, sp: bool) -> None:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh, _tp_layer_plan(sp))
+    top: dict[str, Any] = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(), output_layouts=Shard(-1),
+                                   use_local_output=False),
+    }
+    if sp:
+        top["model.norm"] = SequenceParallel()
+    parallelize_module(model, mesh, top)
+
+
+def _adamw(params: list[torch.nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
+    """The default AdamW; DTensor and plain parameters in separate groups (one foreach call cannot mix them)."""
+    from torch.distributed.tensor import DTensor
+
+    groups = [{"params": [p for p in params if isinstance(p, DTensor)]},
+              {"params": [p for p in params if not isinstance(p, DTensor)]}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=1e-4,
+                             foreach=True if device.type == "cpu" else None)
+
+
+def _ids(case: DistCase, rows: int, device: torch.device, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, int(case.config["vocab_size"]), (rows, case.seq_len), generator=g).to(device)
+
+
+Step = Callable[[], None]
+
+
+def build_torch_dp(case: DistCase, mesh: Any, device: torch.device) -> Step:
+    """DDP or FSDP2 over the DP dimension (plus TP inside when the mesh has one)."""
+    st = SETTINGS[Setting(case.setting)]
+    model = _hf_model(case.config, _param_dtype(case.setting), device)
+    dp_mesh = mesh["dp"]
+    if case.tp > 1:
+        _apply_tp(model, mesh["tp"], sp=False)
+    if case.kind.startswith("fsdp"):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch_dtype(st.param_dtype), reduce_dtype=torch.float32) \
+            if st.master_weights else MixedPrecisionPolicy()
+        z3 = case.kind == "fsdp_z3"
         for layer in model.model.layers:
-            parallelize_module(layer, mesh["tp"], _tp_plan())
-    if dp > 1:
+            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=z3, mp_policy=mp)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=z3, mp_policy=mp)
+    elif case.dp > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                    process_group=mesh["dp"].get_group())
-    return model, mesh
-
-
-def run_dist_case(cfg: dict[str, Any], setting: Setting, dp: int, tp: int, mb: int, seq: int, device: torch.device,
-                  iters: int = 6) -> dict[str, Any]:
-    st = SETTINGS[setting]
-    torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
-    ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
-    model, mesh = build(cfg, setting, dp, tp, device)
-    # Sharded (DTensor) and replicated (plain) parameters in separate groups: the default foreach
-    # AdamW cannot mix the two in one multi-tensor call.
-    from torch.distributed.tensor import DTensor
-
-    params = list(model.parameters())
-    groups = [{"params": [p for p in params if isinstance(p, DTensor)]},
-              {"params": [p for p in params if not isinstance(p, DTensor)]}]
-    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=1e-4,
-                            foreach=True if device.type == "cpu" else None)
+                    process_group=dp_mesh.get_group(),
+                    gradient_as_bucket_view=case.kind == "ddp_bucket_view")
+    opt = _adamw(list(model.parameters()), device)
     scaler = torch.amp.GradScaler(device.type) if st.grad_scaler else None
-    g = torch.Generator(device="cpu").manual_seed(1000 + mesh.get_local_rank("dp"))  # same ids across a TP group
-    ids = torch.randint(0, int(cfg["vocab_size"]), (mb, seq), generator=g).to(device)
+    ids = _ids(case, case.micro_batch, device, 1000 + dp_mesh.get_local_rank())
 
     def step() -> None:
-        ctx = torch.autocast(device.type, dtype=ac) if ac else contextlib.nullcontext()
-        with ctx:
+        with _autocast(device, case.setting):
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -95,52 +252,364 @@ def run_dist_case(cfg: dict[str, Any], setting: Setting, dp: int, tp: int, mb: i
             opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(2):
-        step()
+    return step
+
+
+def build_torch_tp(case: DistCase, mesh: Any, device: torch.device) -> Step:
+    """DTensor tensor parallel with Megatron semantics (as torchtitan does), loss under loss_parallel."""
+    import torch.nn.functional as F
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    if SETTINGS[Setting(case.setting)].grad_scaler:
+        raise ValueError("GradScaler cannot unscale DTensor and plain gradients together (amp_fp16 with DTensor TP)")
+    sp = case.kind == "tp_sp"
+    model = _hf_model(case.config, _param_dtype(case.setting), device)
+    _apply_tp(model, mesh["tp"], sp=sp)
+    if case.dp > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    opt = _adamw(list(model.parameters()), device)
+    ids = _ids(case, case.micro_batch, device, 1000 + mesh["dp"].get_local_rank())
+    pos = torch.arange(case.seq_len, device=device).unsqueeze(0)
+
+    def step() -> None:
+        with _autocast(device, case.setting):
+            logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        with loss_parallel():
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+class _PipeStage(torch.nn.Module):
+    """A contiguous range of decoder layers of an HF Llama-family model, plus the embedding on the first
+    stage and the final norm and LM head on the last (the loss is the schedule's loss_fn)."""
+
+    def __init__(self, model: Any, lo: int, hi: int, first: bool, last: bool, setting: str) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(list(model.model.layers)[lo:hi])
+        self.rotary = model.model.rotary_emb
+        self.embed = model.model.embed_tokens if first else None
+        self.norm = model.model.norm if last else None
+        self.lm_head = model.lm_head if last else None
+        self.setting = setting
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with _autocast(x.device, self.setting):
+            h = self.embed(x) if self.embed is not None else x
+            pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+            pe = self.rotary(h, pos)
+            for layer in self.layers:
+                h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
+            if self.lm_head is None or self.norm is None:
+                return h
+            return self.lm_head(self.norm(h))
+
+
+def build_torch_pp(case: DistCase, mesh: Any, device: torch.device) -> Step:
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    pp_mesh = mesh["pp"]
+    rank, pp = pp_mesh.get_local_rank(), case.pp
+    chunks = 2 if case.kind == "pp_interleaved" else 1
+    n_stages = pp * chunks
+    model = _hf_model(case.config, _param_dtype(case.setting), device)
+    n = len(model.model.layers)
+    if n % n_stages:
+        raise ValueError(f"{n} layers do not split into {n_stages} stages")
+    per = n // n_stages
+    stage_ids = [rank + c * pp for c in range(chunks)]
+    mods = [_PipeStage(model, s * per, (s + 1) * per, s == 0, s == n_stages - 1, case.setting) for s in stage_ids]
+    del model  # what a stage does not own goes with it
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    stages = [PipelineStage(m, s, n_stages, device, group=pp_mesh.get_group()) for m, s in zip(mods, stage_ids,
+                                                                                             strict=True)]
+    params = [p for m in mods for p in m.parameters()]
+    opt = _adamw(params, device)
+
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
+    m = case.micro_batches
+    if case.kind == "pp_interleaved":
+        sched: Any = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+    else:
+        cls = ScheduleGPipe if case.kind == "pp_gpipe" else Schedule1F1B
+        sched = cls(stages[0], n_microbatches=m, loss_fn=loss_fn)
+    ids = _ids(case, m * case.micro_batch, device, 1000 + mesh["dp"].get_local_rank())
+    has_first, has_last = 0 in stage_ids, n_stages - 1 in stage_ids
+
+    def step() -> None:
+        kw: dict[str, Any] = {}
+        if has_last:
+            kw = {"target": ids, "losses": []}
+        if has_first:
+            sched.step(ids, **kw)
+        else:
+            sched.step(**kw)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def build_megatron(case: DistCase, mesh: Any, device: torch.device) -> tuple[Step, Callable[[], None]]:
+    from .dist_megatron import build_megatron_step
+
+    step, cleanup, _ = build_megatron_step(
+        case.config, case.setting.replace("mp_", ""), tp=case.tp, pp=case.pp, micro_batch=case.micro_batch,
+        seq_len=case.seq_len, micro_batches=case.micro_batches,
+        distributed_optimizer=bool(case.options.get("distributed_optimizer")), device=device)
+    return step, cleanup
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------------------
+
+def _gather(obj: Any) -> list[Any]:
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def time_steps(step: Step, device: torch.device, warmup: int = 2, iters: int = 6) -> dict[str, Any]:
+    """Per-rank CUDA-event samples after a barrier; the row keeps every rank's median and samples."""
     cuda = device.type == "cuda"
+    for _ in range(warmup):
+        step()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    samples = []
+    dist.barrier()
+    samples: list[float] = []
     for _ in range(iters):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
         if cuda:
-            torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) * 1e3)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            b.synchronize()
+            samples.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            step()
+            samples.append((time.perf_counter() - t0) * 1e3)
     peak = torch.cuda.max_memory_allocated() if cuda else 0
-    return {"iteration_ms": statistics.median(samples), "p20_ms": quantile(samples, 0.2),
-            "p80_ms": quantile(samples, 0.8), "iterations": len(samples), "samples_ms": samples,
-            "peak_allocated_bytes": int(peak)}
+    reserved = torch.cuda.max_memory_reserved() if cuda else 0
+    return {"median_ms": statistics.median(samples), "samples_ms": samples, "peak": int(peak),
+            "reserved": int(reserved)}
 
 
-def main_dist(gpu: str, cfg_path: Path, setting: Setting, dp: int, tp: int, mb: int, seq: int, out: Path) -> None:
+def _intervals_union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _covered(iv: list[tuple[float, float]], by: list[tuple[float, float]]) -> float:
+    """Length of `iv` (disjoint) covered by `by` (disjoint, sorted)."""
+    tot, j = 0.0, 0
+    for a, b in iv:
+        while j < len(by) and by[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(by) and by[k][0] < b:
+            tot += max(0.0, min(b, by[k][1]) - max(a, by[k][0]))
+            k += 1
+    return tot
+
+
+def profile_step(step: Step) -> dict[str, Any]:
+    """One profiled iteration: compute and NCCL kernel time, and how much NCCL time compute kernels hid."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    comm: list[tuple[float, float]] = []
+    comp: list[tuple[float, float]] = []
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        iv = (ev.time_range.start / 1e3, ev.time_range.end / 1e3)
+        (comm if "nccl" in ev.name.lower() else comp).append(iv)
+    cu, mu = _intervals_union(comm), _intervals_union(comp)
+    comm_ms = sum(b - a for a, b in cu)
+    comp_ms = sum(b - a for a, b in mu)
+    hidden = _covered(cu, mu)
+    span = (max(b for _, b in cu + mu) - min(a for a, _ in cu + mu)) if cu or mu else 0.0
+    return {"nccl_ms": comm_ms, "compute_ms": comp_ms, "nccl_hidden_ms": hidden, "gpu_span_ms": span,
+            "idle_ms": span - comp_ms - (comm_ms - hidden)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the campaign
+# ---------------------------------------------------------------------------------------------
+
+_MESHES: dict[tuple[str, int, int, int], Any] = {}
+
+
+def _mesh(case: DistCase, device: torch.device) -> Any:
+    """One device mesh (and its process groups) per split, shared by every case of that split."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    k = (device.type, case.dp, case.pp, case.tp)
+    if k not in _MESHES:
+        _MESHES[k] = init_device_mesh(device.type, k[1:], mesh_dim_names=("dp", "pp", "tp"))
+    return _MESHES[k]
+
+
+def run_case(case: DistCase, device: torch.device) -> dict[str, Any]:
+    cleanup: Callable[[], None] | None = None
+    torch.backends.cuda.matmul.allow_tf32 = SETTINGS[Setting(case.setting)].allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    if case.framework == "megatron":
+        step, cleanup = build_megatron(case, None, device)
+    else:
+        mesh = _mesh(case, device)
+        if case.kind.startswith("pp"):
+            step = build_torch_pp(case, mesh, device)
+        elif case.kind.startswith("tp"):
+            step = build_torch_tp(case, mesh, device)
+        else:
+            step = build_torch_dp(case, mesh, device)
+    try:
+        t = time_steps(step, device)
+        prof = profile_step(step) if case.profile and device.type == "cuda" else None
+    finally:
+        if cleanup is not None:
+            cleanup()
+    return {**t, "profile": prof}
+
+
+def _row(case: DistCase, per_rank: list[dict[str, Any]] | None, status: str, reason: str, prov: Any,
+         sm_mhz: int) -> dict[str, Any]:
+    base = {"case_id": case.case_id, "model": case.model, "config_json": json.dumps(case.config, sort_keys=True),
+            "layers": case.layers, "setting": case.setting, "micro_batch": case.micro_batch,
+            "seq_len": case.seq_len, "optimizer": "adamw", "tp_shard": 1, "accum": case.micro_batches,
+            "dp": case.dp, "tp": case.tp, "pp": case.pp, "pp_stage": "", "split": case.split,
+            "framework": case.framework, "dist_kind": case.kind,
+            "options_json": json.dumps(case.options, sort_keys=True), "status": status, "reason": reason[:300],
+            "iteration_ms": None, "p20_ms": None, "p80_ms": None, "iterations": 0, "samples_ms": [],
+            "peak_allocated_bytes": None, "peak_reserved_bytes": None, "rank_json": None, "kernel_ms": None,
+            "kernel_breakdown_json": None, "sm_clock_mhz": sm_mhz,
+            "measured_at": dt.datetime.now(dt.UTC).replace(microsecond=0), **dataclasses.asdict(prov)}
+    if per_rank:
+        medians = [r["median_ms"] for r in per_rank]
+        slow = max(range(len(per_rank)), key=lambda i: medians[i])
+        s = per_rank[slow]["samples_ms"]
+        profs = [r.get("profile") for r in per_rank]
+        base.update(iteration_ms=medians[slow], p20_ms=quantile(s, 0.2), p80_ms=quantile(s, 0.8),
+                    iterations=len(s), samples_ms=s,
+                    peak_allocated_bytes=max(r["peak"] for r in per_rank),
+                    peak_reserved_bytes=max(r["reserved"] for r in per_rank),
+                    rank_json=json.dumps([{"median_ms": r["median_ms"], "peak": r["peak"]} for r in per_rank]),
+                    kernel_breakdown_json=json.dumps(profs) if any(profs) else None)
+    return base
+
+
+def run_campaign(cases: list[DistCase], out: Path, gpu: str, budget_s: float | None = None) -> int:
+    """Every rank runs every case; rank 0 records. A case left started by a killed job is recorded as failed."""
+    cpu = gpu == "cpu"
+    device = torch.device("cpu") if cpu else torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    rank = dist.get_rank()
+    dev = Device(cpu=cpu)
+    prov = dev.provenance()
+    store = ChunkedStore(out, "validation-dist", VALIDATION_SCHEMA, prov, key_columns=("case_id",)) \
+        if rank == 0 else None
+    attempts = out / ".dist-attempts"
+    todo: list[str] = []
+    if store is not None:
+        done = {k[0] for k in store.done_keys()}
+        started = set(attempts.read_text().split()) if attempts.exists() else set()
+        for c in cases:
+            if c.case_id in done:
+                continue
+            if c.case_id in started:  # the job died inside this case: a failure row, not a retry loop
+                store.append(_row(c, None, "error", "the job died during this case (killed, hung or crashed)",
+                                  prov, 0))
+                continue
+            todo.append(c.case_id)
+        store.flush()
+    todo = _gather(todo)[0]
+    by_id = {c.case_id: c for c in cases}
+    t0 = time.perf_counter()
+    n = 0
+    for cid in todo:
+        if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            break
+        case = by_id[cid]
+        if rank == 0:
+            with attempts.open("a") as f:
+                f.write(cid + "\n")
+        status, reason, res = "ok", "", None
+        try:
+            res = run_case(case, device)
+        except torch.OutOfMemoryError:
+            status, reason = "oom", "out of memory"
+        except Exception as e:  # a configuration the stack refuses: a row with its reason
+            status, reason = "error", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        gc_cuda(device)
+        results = _gather((status, reason, res))
+        bad = [r for r in results if r[0] != "ok"]
+        if store is not None:
+            if bad:
+                row = _row(case, None, bad[0][0], bad[0][1], prov, 0)
+            else:
+                row = _row(case, [r[2] for r in results], "ok", "", prov, dev.clocks().sm_mhz)
+            store.append(row)  # journalled at once; chunks every few cases
+            if n % 8 == 7:
+                store.flush()
+            ms = row["iteration_ms"]
+            print(f"[dist-validate] {cid}: " + (f"{ms:.2f} ms, peak {row['peak_allocated_bytes'] / 2**30:.2f} GiB"
+                                                if ms else f"{row['status']}: {row['reason']}"), flush=True)
+        n += 1
+    if store is not None:
+        store.flush()
+    return n
+
+
+def gc_cuda(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def main_dist(gpu: str, out: Path, only: str | None, budget_s: float | None, frameworks: str,
+              tiny_model: Path | None = None) -> None:
+    from datetime import timedelta
+
     cpu = gpu == "cpu"
     local = int(os.environ.get("LOCAL_RANK", 0))
     if not cpu:
         torch.cuda.set_device(local)
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    dist.init_process_group("gloo" if cpu else "nccl")
+    dist.init_process_group("gloo" if cpu else "nccl", timeout=timedelta(seconds=300))
     world = dist.get_world_size()
-    if dp * tp != world:
-        raise SystemExit(f"error: DP x TP = {dp * tp} but {world} processes were launched")
-    device = torch.device("cpu") if cpu else torch.device("cuda", local)
-    cfg = json.loads(cfg_path.read_text())
-    res = run_dist_case(cfg, setting, dp, tp, mb, seq, device)
-    if dist.get_rank() == 0:
-        dev = Device(cpu=cpu)
-        prov = dev.provenance()
-        store = ChunkedStore(out, "validation-dist", VALIDATION_SCHEMA, prov, key_columns=("case_id",))
-        cid = f"{cfg_path.stem}-dp{dp}-tp{tp}-mb{mb}-s{seq}-{setting.value}"
-        store.append({"case_id": cid, "model": cfg_path.stem, "config_json": json.dumps(cfg, sort_keys=True),
-                      "layers": int(cfg.get("num_hidden_layers", 0)), "setting": setting.value, "micro_batch": mb,
-                      "seq_len": seq, "optimizer": "adamw", "tp_shard": 1, "split": "distributed", "status": "ok",
-                      "reason": "", **res, "kernel_ms": None, "kernel_breakdown_json": None,
-                      "peak_reserved_bytes": None, "accum": 1, "dp": dp, "tp": tp, "pp": 1,
-                      "sm_clock_mhz": dev.clocks().sm_mhz,
-                      "measured_at": dt.datetime.now(dt.UTC).replace(microsecond=0), **dataclasses.asdict(prov)})
-        store.flush()
-        print(f"[dist-validate] {cid}: {res['iteration_ms']:.2f} ms")
-    dist.barrier()
-    dist.destroy_process_group()
+    cases = tiny_cases(world, json.loads(tiny_model.read_text())) if tiny_model else dist_cases(world)
+    cases = [c for c in cases if c.framework in frameworks.split(",")]
+    if only:
+        cases = [c for c in cases if any(s in c.case_id for s in only.split(","))]
+    try:
+        n = run_campaign(cases, out, gpu, budget_s)
+        if dist.get_rank() == 0:
+            print(f"[dist-validate] ran {n} cases")
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()

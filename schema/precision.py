@@ -72,6 +72,10 @@ class Setting(StrEnum):
     BF16 = "bf16"
     AMP_FP16 = "amp_fp16"
     AMP_BF16 = "amp_bf16"
+    # Half-precision parameters and compute with fp32 master weights in the optimizer and fp32 gradient
+    # reduction: Megatron's --bf16/--fp16, FSDP2's MixedPrecisionPolicy(param_dtype=half, reduce_dtype=fp32).
+    MP_FP16 = "mp_fp16"
+    MP_BF16 = "mp_bf16"
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class SettingSpec:
     autocast_dtype: DType | None
     allow_tf32: bool
     grad_scaler: bool
+    master_weights: bool = False  # an fp32 copy of every parameter lives in the optimizer
 
 
 SETTINGS: dict[Setting, SettingSpec] = {
@@ -91,6 +96,8 @@ SETTINGS: dict[Setting, SettingSpec] = {
     Setting.BF16: SettingSpec(DType.BF16, None, False, False),
     Setting.AMP_FP16: SettingSpec(DType.FP32, DType.FP16, False, True),
     Setting.AMP_BF16: SettingSpec(DType.FP32, DType.BF16, False, False),
+    Setting.MP_FP16: SettingSpec(DType.FP16, None, False, True, master_weights=True),
+    Setting.MP_BF16: SettingSpec(DType.BF16, None, False, False, master_weights=True),
 }
 
 

@@ -101,6 +101,9 @@ VALIDATION_SCHEMA = pa.schema(
         pa.field("pp", pa.int32()),
         pa.field("pp_stage", pa.string()),  # one stage of a PP split run alone: first | middle | last
         pa.field("split", pa.string()),  # calibration | holdout
+        pa.field("framework", pa.string()),  # distributed runs: torch | megatron
+        pa.field("dist_kind", pa.string()),  # ddp | ddp_bucket_view | fsdp_z3 | fsdp_z2 | tp | tp_sp | pp_* | mcore_*
+        pa.field("options_json", pa.string()),
         pa.field("status", pa.string()),  # ok | oom | error
         pa.field("reason", pa.string()),
         pa.field("iteration_ms", pa.float64()),  # median over timed iterations
@@ -110,6 +113,7 @@ VALIDATION_SCHEMA = pa.schema(
         pa.field("samples_ms", pa.list_(pa.float64())),
         pa.field("peak_allocated_bytes", pa.int64()),
         pa.field("peak_reserved_bytes", pa.int64()),
+        pa.field("rank_json", pa.string()),  # distributed runs: each rank's median and peak
         pa.field("kernel_ms", pa.float64()),  # sum of kernel time in one profiled iteration (when profiled)
         pa.field("kernel_breakdown_json", pa.string()),
         pa.field("sm_clock_mhz", pa.int32()),
@@ -124,6 +128,26 @@ OPLOG_SCHEMA = pa.schema(
 
 COMM_SCHEMA = pa.schema(
     [pa.field("collective", pa.string()), pa.field("bytes", pa.int64()), pa.field("ranks", pa.int32()), pa.field("dtype", pa.string()), pa.field("link", pa.string()), pa.field("latency_us", pa.float64()), pa.field("p20_us", pa.float64()), pa.field("p80_us", pa.float64()), pa.field("samples", pa.int32()), pa.field("bus_bw_gbps", pa.float64()), pa.field("status", pa.string()), pa.field("reason", pa.string()), pa.field("measured_at", pa.timestamp("ms", tz="UTC")), *PROVENANCE_FIELDS]
+)
+
+
+# A communication/computation pair run concurrently on one GPU (NCCL on its own stream): how much each
+# slows the other. The engine prices overlapped communication with these, not with a fixed factor.
+OVERLAP_SCHEMA = pa.schema(
+    [pa.field("compute", pa.string()), pa.field("compute_dtype", pa.string()), pa.field("collective", pa.string()),
+     pa.field("bytes", pa.int64()), pa.field("ranks", pa.int32()), pa.field("compute_alone_us", pa.float64()),
+     pa.field("compute_concurrent_us", pa.float64()), pa.field("comm_alone_us", pa.float64()),
+     pa.field("comm_concurrent_us", pa.float64()), pa.field("status", pa.string()), pa.field("reason", pa.string()),
+     pa.field("measured_at", pa.timestamp("ms", tz="UTC")), *PROVENANCE_FIELDS]
+)
+
+# Host-side costs of a framework (microseconds), measured on host-bound runs of a tiny model: the slope per
+# decoder layer and the fixed part per micro-batch of each phase, beyond plain eager PyTorch.
+FRAMEWORK_SCHEMA = pa.schema(
+    [pa.field("framework", pa.string()), pa.field("kind", pa.string()), pa.field("phase", pa.string()),
+     pa.field("quantity", pa.string()), pa.field("value_us", pa.float64()), pa.field("ranks", pa.int32()),
+     pa.field("samples_json", pa.string()), pa.field("status", pa.string()), pa.field("reason", pa.string()),
+     pa.field("measured_at", pa.timestamp("ms", tz="UTC")), *PROVENANCE_FIELDS]
 )
 
 

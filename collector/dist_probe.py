@@ -1,0 +1,294 @@
+"""Two small campaigns that distributed predictions need besides operator and NCCL tables, run under
+torchrun across the GPUs of one host (`make collect-comm` runs them after the collectives):
+
+- overlap: a GEMM, a TF32 GEMM or a bandwidth-bound elementwise loop on the compute stream while NCCL
+  collectives of several sizes run on another; how much each slows the other (data/<gpu>/overlap/).
+- framework host costs: host-bound iterations of a tiny Llama-shaped model (GPU work negligible) under
+  DDP, FSDP2 and DTensor tensor parallel against plain eager PyTorch, at two layer counts, per phase: the
+  extra host microseconds per decoder layer (slope) and per micro-batch (intercept) that the framework's
+  dispatch, hooks and bookkeeping add (data/<gpu>/framework/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tp_query.schema.tables import FRAMEWORK_SCHEMA, OVERLAP_SCHEMA
+
+from .device import Device
+from .store import ChunkedStore
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# overlap
+# ---------------------------------------------------------------------------------------------
+
+def _compute_fn(kind: str, device: torch.device) -> tuple[Any, str]:
+    if kind == "gemm_bf16":
+        a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+        b = torch.randn(4096, 14336, device=device, dtype=torch.bfloat16)
+        return (lambda: torch.mm(a, b)), "bf16"
+    if kind == "gemm_tf32":
+        a = torch.randn(4096, 4096, device=device)
+        b = torch.randn(4096, 14336, device=device)
+        return (lambda: torch.mm(a, b)), "tf32"
+    x = torch.randn(64 * 2**20, device=device)
+    y = torch.randn(64 * 2**20, device=device)
+    return (lambda: x.add_(y)), "fp32"
+
+
+def _comm_fn(collective: str, nbytes: int, device: torch.device) -> Any:
+    n = nbytes // 2
+    world = dist.get_world_size()
+    if collective == "all_reduce":
+        t = torch.randn(n, device=device, dtype=torch.bfloat16)
+        return lambda: dist.all_reduce(t, async_op=True)
+    if collective == "all_gather":
+        inp = torch.randn(n // world, device=device, dtype=torch.bfloat16)
+        out = torch.empty(n, device=device, dtype=torch.bfloat16)
+        return lambda: dist.all_gather_into_tensor(out, inp, async_op=True)
+    inp = torch.randn(n, device=device, dtype=torch.bfloat16)
+    out = torch.empty(n // world, device=device, dtype=torch.bfloat16)
+    return lambda: dist.reduce_scatter_tensor(out, inp, async_op=True)
+
+
+def _run_together(compute: Any, k: int, comm: Any, r: int) -> tuple[float, float]:
+    """Both loops start together (comm issued first on a side stream); each one's duration in us."""
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    e0 = torch.cuda.Event(enable_timing=True)
+    e0.record(main)
+    side.wait_event(e0)
+    works = []
+    with torch.cuda.stream(side):
+        for _ in range(r):
+            works.append(comm())
+        for w in works:
+            w.wait()
+        es = torch.cuda.Event(enable_timing=True)
+        es.record(side)
+    for _ in range(k):
+        compute()
+    ec = torch.cuda.Event(enable_timing=True)
+    ec.record(main)
+    torch.cuda.synchronize()
+    return e0.elapsed_time(ec) * 1e3, e0.elapsed_time(es) * 1e3
+
+
+def _max_over_ranks(*xs: float) -> list[float]:
+    """Loop counts derived from timings must agree on every rank (or the collectives mismatch and hang)."""
+    t = torch.tensor(xs, device=torch.device("cuda", torch.cuda.current_device()), dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _alone(fn: Any, n: int, comm: bool) -> float:
+    for _ in range(2):
+        w = fn()
+        if comm:
+            w.wait()
+    torch.cuda.synchronize()
+    dist.barrier()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    works = [fn() for _ in range(n)]
+    if comm:
+        for w in works:
+            w.wait()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / n
+
+
+def overlap_campaign(device: torch.device, prov: Any, out: Path | None) -> int:
+    world = dist.get_world_size()
+    rows: list[dict[str, Any]] = []
+    for ck in ("gemm_bf16", "gemm_tf32", "add_fp32"):
+        torch.backends.cuda.matmul.allow_tf32 = ck == "gemm_tf32"
+        compute, cdt = _compute_fn(ck, device)
+        (c_us,) = _max_over_ranks(_alone(compute, 10, comm=False))
+        for coll, nbytes in (("all_reduce", 8 * 2**20), ("all_reduce", 64 * 2**20), ("all_reduce", 512 * 2**20),
+                             ("all_gather", 64 * 2**20), ("reduce_scatter", 64 * 2**20)):
+            comm = _comm_fn(coll, nbytes, device)
+            (m_us,) = _max_over_ranks(_alone(comm, 5, comm=True))
+            # (a) communication covers the whole compute loop: the compute slowdown
+            k = max(3, math.ceil(20e3 / c_us))
+            r = max(1, math.ceil(1.3 * k * c_us / m_us))
+            dist.barrier()
+            _run_together(compute, k, comm, r)
+            dist.barrier()
+            tc, _ = _run_together(compute, k, comm, r)
+            # (b) compute covers the whole communication loop: the communication slowdown
+            r2 = max(1, math.ceil(20e3 / m_us))
+            k2 = max(1, math.ceil(1.3 * r2 * m_us / c_us))
+            dist.barrier()
+            _, tm = _run_together(compute, k2, comm, r2)
+            # the slowest rank sets the pace of a collective; report the max over ranks
+            agg = torch.tensor([tc / k, tm / r2, c_us, m_us], device=device, dtype=torch.float64)
+            dist.all_reduce(agg, op=dist.ReduceOp.MAX)
+            tck, tmr, ca, ma = agg.tolist()
+            rows.append({"compute": ck, "compute_dtype": cdt, "collective": coll, "bytes": nbytes, "ranks": world,
+                         "compute_alone_us": ca, "compute_concurrent_us": tck, "comm_alone_us": ma,
+                         "comm_concurrent_us": tmr, "status": "ok", "reason": "", "measured_at": _now(),
+                         **dataclasses.asdict(prov)})
+            del comm
+        torch.cuda.empty_cache()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if dist.get_rank() == 0 and out is not None:
+        store = ChunkedStore(out, f"overlap-r{world}", OVERLAP_SCHEMA, prov, key_columns=("compute", "collective",
+                                                                                          "bytes", "ranks"))
+        for r_ in rows:
+            store.append(r_)
+        store.flush()
+        for r_ in rows:
+            print(f"[overlap] {r_['compute']:>9} + {r_['collective']:>14} {r_['bytes'] >> 20:>4} MiB: compute "
+                  f"x{r_['compute_concurrent_us'] / r_['compute_alone_us']:.3f}, comm "
+                  f"x{r_['comm_concurrent_us'] / r_['comm_alone_us']:.3f}", flush=True)
+    return len(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# framework host costs
+# ---------------------------------------------------------------------------------------------
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 1024}
+HOST_KINDS = ("plain", "plain_tp_shard", "ddp", "fsdp_z3", "fsdp_z2", "tp", "tp_sp")
+
+
+def _phase_times(kind: str, layers: int, device: torch.device, iters: int) -> dict[str, float]:
+    """Median host-bound wall time of forward (with loss), backward and optimizer step, in us."""
+    import torch.nn.functional as F
+
+    from .dist_validate import DistCase, _adamw, _apply_tp, _hf_model, _mesh
+    from .validate import tp_shard_config
+
+    world = dist.get_world_size()
+    cfg = {**TINY, "num_hidden_layers": layers}
+    if kind == "plain_tp_shard":
+        cfg = tp_shard_config(cfg, world)
+    model = _hf_model(cfg, torch.bfloat16, device)
+    dp, tp = (world, 1) if kind in ("ddp", "fsdp_z3", "fsdp_z2") else ((1, world) if kind.startswith("tp") else
+                                                                        (world, 1))
+    case = DistCase("probe", "torch", kind, "tiny", cfg, "bf16", dp, tp, 1)
+    mesh = _mesh(case, device)
+    loss_ctx: Any = None
+    if kind.startswith("tp"):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        _apply_tp(model, mesh["tp"], sp=kind == "tp_sp")
+        loss_ctx = loss_parallel
+    elif kind.startswith("fsdp"):
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=kind == "fsdp_z3")
+        fully_shard(model, mesh=mesh["dp"], reshard_after_forward=kind == "fsdp_z3")
+    elif kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[device.index], process_group=mesh["dp"].get_group())
+    opt = _adamw(list(model.parameters()), device)
+    ids = torch.randint(0, cfg["vocab_size"], (1, 32), device=device)
+    pos = torch.arange(32, device=device).unsqueeze(0)
+    samples: dict[str, list[float]] = {"fwd": [], "bwd": [], "opt": []}
+    for i in range(iters + 3):
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        if loss_ctx is not None:
+            with loss_ctx():
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
+        else:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        if loss_ctx is not None:
+            with loss_ctx():
+                loss.backward()
+        else:
+            loss.backward()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        if i >= 3:
+            samples["fwd"].append((t1 - t0) * 1e6)
+            samples["bwd"].append((t2 - t1) * 1e6)
+            samples["opt"].append((t3 - t2) * 1e6)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int = 30) -> int:
+    world = dist.get_world_size()
+    lo, hi = 2, 6
+    times: dict[tuple[str, int], dict[str, float]] = {}
+    for kind in HOST_KINDS:
+        for layers in (lo, hi):
+            t = _phase_times(kind, layers, device, iters)
+            agg = torch.tensor([t["fwd"], t["bwd"], t["opt"]], device=device, dtype=torch.float64)
+            dist.all_reduce(agg, op=dist.ReduceOp.MAX)
+            times[(kind, layers)] = dict(zip(("fwd", "bwd", "opt"), agg.tolist(), strict=True))
+    rows = []
+    for kind in HOST_KINDS:
+        base = "plain_tp_shard" if kind.startswith("tp") else "plain"
+        for phase in ("fwd", "bwd", "opt"):
+            slope = (times[(kind, hi)][phase] - times[(kind, lo)][phase]) / (hi - lo)
+            fixed = times[(kind, lo)][phase] - lo * slope
+            if kind.startswith("plain"):
+                vals = {"per_layer_us": slope, "fixed_us": fixed}
+            else:
+                bslope = (times[(base, hi)][phase] - times[(base, lo)][phase]) / (hi - lo)
+                bfixed = times[(base, lo)][phase] - lo * bslope
+                vals = {"extra_per_layer_us": slope - bslope, "extra_fixed_us": fixed - bfixed}
+            for q, v in vals.items():
+                rows.append({"framework": "torch", "kind": kind, "phase": phase, "quantity": q, "value_us": v,
+                             "ranks": world, "samples_json": json.dumps({str(k[1]): times[k][phase] for k in times
+                                                                         if k[0] == kind}),
+                             "status": "ok", "reason": "", "measured_at": _now(), **dataclasses.asdict(prov)})
+    if dist.get_rank() == 0 and out is not None:
+        store = ChunkedStore(out, f"framework-r{world}", FRAMEWORK_SCHEMA, prov,
+                             key_columns=("framework", "kind", "phase", "quantity", "ranks"))
+        for r in rows:
+            store.append(r)
+        store.flush()
+        for r in rows:
+            print(f"[host] {r['kind']:>15} {r['phase']} {r['quantity']:>18}: {r['value_us']:9.1f} us", flush=True)
+    return len(rows)
+
+
+def main_probe(gpu: str, out_root: Path, what: str) -> None:
+    from datetime import timedelta
+
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    dist.init_process_group("nccl", timeout=timedelta(seconds=300))
+    device = torch.device("cuda", local)
+    prov = Device().provenance()
+    try:
+        if "overlap" in what:
+            overlap_campaign(device, prov, out_root / "overlap")
+        if "host" in what:
+            host_campaign(device, prov, out_root / "framework")
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
