@@ -22,7 +22,7 @@ from .store import StoreError
 def _collect(a: argparse.Namespace) -> int:
     from .campaign import CampaignAbort, run_campaign
     from .plan import GRID_ORDER, grid_points, repeat_sample, signature_points, summary
-    from .timing import Timer
+    from .timing import ClosedFormTimer, Timer
 
     spec = gpu_spec(a.gpu)
     device = Device(cpu=a.gpu == "cpu")
@@ -39,7 +39,10 @@ def _collect(a: argparse.Namespace) -> int:
     if a.plan_only:
         print(json.dumps(summary(points), indent=1))
         return 0
-    timer = Timer(device.torch_device, l2_bytes=spec.l2_bytes)
+    if a.timer == "closed-form" and not device.cpu:
+        print("error: --timer closed-form writes synthetic latencies: only with --gpu cpu (tests)", file=sys.stderr)
+        return 2
+    timer = ClosedFormTimer() if a.timer == "closed-form" else Timer(device.torch_device, l2_bytes=spec.l2_bytes)
     t0 = time.perf_counter()
     by_campaign: dict[str, list] = {}
     for p in points:
@@ -146,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--plan-only", action="store_true")
     c.add_argument("--retry-errors", action="store_true", help="measure again points whose row failed")
     c.add_argument("--quiet", action="store_true")
+    c.add_argument("--timer", choices=("measure", "closed-form"), default="measure",
+                   help="closed-form: deterministic synthetic latencies from FLOPs and bytes (CPU tests only)")
     v = sub.add_parser("validate", help="time real training iterations")
     v.add_argument("--gpu", required=True)
     v.add_argument("--out", default="data/validation")

@@ -30,6 +30,9 @@ SETTINGS = ("bf16", "fp16", "fp32", "tf32")
 SEED = 1234
 # Megatron's --fp16 dynamic loss scaler defaults (OptimizerConfig / megatron/training/arguments.py).
 FP16_INITIAL_LOSS_SCALE = 2.0**32
+# training.py get_model builds DDP on a side stream; its AccumulateGrad nodes then live on that stream
+# (PyTorch warns of the stream mismatch once). Kept, as that is what Megatron-LM runs.
+DDP_INIT_SIDE_STREAM = True
 
 
 def _check_setting(setting: str) -> str:
@@ -242,7 +245,7 @@ def build_megatron_step(cfg: dict, setting: str, *, tp: int, pp: int, micro_batc
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=half, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=distributed_optimizer)
         # get_model builds DDP (its grad-accumulation hooks) on a side stream, then joins it.
-        ddp_stream = torch.cuda.Stream(device)
+        ddp_stream = torch.cuda.Stream(device) if DDP_INIT_SIDE_STREAM else torch.cuda.current_stream(device)
         ddp_stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(ddp_stream):
             model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=module)
@@ -309,7 +312,8 @@ def build_megatron_step(cfg: dict, setting: str, *, tp: int, pp: int, micro_batc
         ps.destroy_model_parallel()
         torch.cuda.empty_cache()
 
-    inner = getattr(optimizer, "optimizer", None)
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])  # 0.19 always returns a ChainedOptimizer
+    inner = getattr(parts[0], "optimizer", None) if parts else None
     info: dict[str, Any] = {
         "params_per_rank": params_per_rank,
         "params_hf": hf_param_count(cfg),
@@ -323,7 +327,7 @@ def build_megatron_step(cfg: dict, setting: str, *, tp: int, pp: int, micro_batc
         "grad_reduce_in_fp32": half,
         "grad_buffer_bytes": sum(b.grad_data.numel() * b.grad_data.element_size() for b in model.buffers),
         "schedule": forward_backward.__name__,
-        "optimizer_wrapper": type(optimizer).__name__,
+        "optimizer_wrapper": f"{type(optimizer).__name__}[{', '.join(type(o).__name__ for o in parts)}]",
         "optimizer_impl": f"{type(inner).__module__}.{type(inner).__qualname__}" if inner is not None else None,
         "optimizer_torch_fallback": bool(getattr(mopt, "USING_PYTORCH_OPTIMIZER", False)),
         "optimizer_foreach": inner.defaults.get("foreach") if inner is not None else None,
@@ -397,43 +401,53 @@ def _cpu_check() -> None:
     print("cpu check passed")
 
 
-def _smoke(settings: list[str], splits: list[tuple[int, int]], steps: int = 4) -> None:
-    """Under torchrun: a few steps of each (setting, tp x pp, distributed optimizer) case on a small
-    Llama, their time and loss, and the memory left after cleanup (rank 0 prints)."""
+def _smoke(a: Any) -> None:
+    """Under torchrun: a few steps of each (setting, tp x pp, distributed optimizer) case, their times,
+    loss and update flags, and the memory left after cleanup (rank 0 and the last stage print)."""
+    import json
+
     import torch.distributed as dist
 
+    global FP16_INITIAL_LOSS_SCALE, DDP_INIT_SIDE_STREAM
+    FP16_INITIAL_LOSS_SCALE, DDP_INIT_SIDE_STREAM = a.fp16_scale, not a.no_side_stream
     rank = int(os.environ.get("RANK", "0"))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
-    cfg = {**_TINY_LLAMA, "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16,
-           "num_key_value_heads": 4, "vocab_size": 32000}
+    if a.cfg:
+        with open(a.cfg) as f:
+            cfg = json.load(f)
+    else:
+        cfg = {**_TINY_LLAMA, "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16,
+               "num_key_value_heads": 4, "vocab_size": 32000}
     base = torch.cuda.memory_allocated(device)
-    for setting in settings:
-        for tp, pp in splits:
-            for distopt in (False, True):
-                step, cleanup, info = build_megatron_step(cfg, setting, tp=tp, pp=pp, micro_batch=2, seq_len=512,
-                                                          micro_batches=4, distributed_optimizer=distopt,
-                                                          device=device)
+    for setting in a.settings.split(","):
+        for split in a.splits.split(","):
+            tp, pp = (int(x) for x in split.split("x"))
+            for distopt in (int(x) for x in a.distopt.split(",")):
+                step, cleanup, info = build_megatron_step(
+                    cfg, setting, tp=tp, pp=pp, micro_batch=a.mb, seq_len=a.seq, micro_batches=a.nmb,
+                    distributed_optimizer=bool(distopt), device=device)
                 times, oks = [], []
-                for _ in range(steps):
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
+                for _ in range(a.steps):
+                    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    t0.record()
                     step()
-                    b.record()
+                    t1.record()
                     torch.cuda.synchronize()
-                    times.append(a.elapsed_time(b))
+                    times.append(round(t0.elapsed_time(t1), 1))
                     oks.append(int(info["last_step"]["update_successful"]))
                 last = info["last_step"]
                 loss = None
                 if last["losses_reduced"]:
                     t = torch.stack([x["lm loss"] for x in last["losses_reduced"]]).sum(0)
-                    loss = (t[0] / t[1]).item()
-                line = (f"rank{rank} {setting} tp{tp} pp{pp} distopt={int(distopt)} ms={[round(t, 1) for t in times]} "
-                        f"loss={loss} ok={oks} gnorm={last['grad_norm']} "
+                    loss = round((t[0] / t[1]).item(), 4)
+                line = (f"rank{rank} {setting} tp{tp} pp{pp} distopt={distopt} ms={times} loss={loss} ok={oks} "
                         f"scale={float(last['loss_scale'])} params={info['params_per_rank']} "
-                        f"{info['schedule']} {info['optimizer_wrapper']} {info['optimizer_impl']}")
+                        f"peak={torch.cuda.max_memory_allocated(device) / 2**30:.2f}GiB {info['schedule']} "
+                        f"{info['optimizer_wrapper']} {info['optimizer_impl']}")
                 cleanup()
+                torch.cuda.reset_peak_memory_stats(device)
                 left = (torch.cuda.memory_allocated(device) - base) / 2**20
                 if rank == 0 or info["post_process"]:
                     print(line, f"left={left:.1f}MiB groups={info['groups_destroyed']}", flush=True)
@@ -446,13 +460,21 @@ def _main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu-check", action="store_true")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--cfg", help="HF config.json for --smoke (default: a small Llama)")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--splits", default="1x1,2x1,1x2", help="tp x pp per case; dp = world / (tp*pp)")
+    ap.add_argument("--distopt", default="0,1")
+    ap.add_argument("--mb", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--nmb", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--fp16-scale", type=float, default=FP16_INITIAL_LOSS_SCALE)
+    ap.add_argument("--no-side-stream", action="store_true")
     a = ap.parse_args()
     if a.cpu_check:
         _cpu_check()
     if a.smoke:
-        _smoke(a.settings.split(","), [tuple(int(x) for x in s.split("x")) for s in a.splits.split(",")])  # type: ignore[misc]
+        _smoke(a)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ torchrun across the GPUs of one host (`make collect-comm` runs them after the co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 from tp_query.schema.tables import FRAMEWORK_SCHEMA, OVERLAP_SCHEMA
 
 from .device import Device
@@ -123,6 +125,8 @@ def overlap_campaign(device: torch.device, prov: Any, out: Path | None) -> int:
         (c_us,) = _max_over_ranks(_alone(compute, 10, comm=False))
         for coll, nbytes in (("all_reduce", 8 * 2**20), ("all_reduce", 64 * 2**20), ("all_reduce", 512 * 2**20),
                              ("all_gather", 64 * 2**20), ("reduce_scatter", 64 * 2**20)):
+            if dist.get_rank() == 0:
+                print(f"[overlap] {ck} {coll} {nbytes >> 20} MiB", flush=True)
             comm = _comm_fn(coll, nbytes, device)
             (m_us,) = _max_over_ranks(_alone(comm, 5, comm=True))
             # (a) communication covers the whole compute loop: the compute slowdown
@@ -171,7 +175,7 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
 HOST_KINDS = ("plain", "plain_tp_shard", "ddp", "fsdp_z3", "fsdp_z2", "tp", "tp_sp")
 
 
-def _phase_times(kind: str, layers: int, device: torch.device, iters: int) -> dict[str, float]:
+def _phase_times(kind: str, layers: int, setting: str, device: torch.device, iters: int) -> dict[str, float]:
     """Median host-bound wall time of forward (with loss), backward and optimizer step, in us."""
     import torch.nn.functional as F
 
@@ -182,7 +186,8 @@ def _phase_times(kind: str, layers: int, device: torch.device, iters: int) -> di
     cfg = {**TINY, "num_hidden_layers": layers}
     if kind == "plain_tp_shard":
         cfg = tp_shard_config(cfg, world)
-    model = _hf_model(cfg, torch.bfloat16, device)
+    model = _hf_model(cfg, torch.float32 if setting.startswith("amp") else torch.bfloat16, device)
+    ac = torch.autocast("cuda", dtype=torch.bfloat16) if setting.startswith("amp") else contextlib.nullcontext()
     dp, tp = (world, 1) if kind in ("ddp", "fsdp_z3", "fsdp_z2") else ((1, world) if kind.startswith("tp") else
                                                                         (world, 1))
     case = DistCase("probe", "torch", kind, "tiny", cfg, "bf16", dp, tp, 1)
@@ -207,11 +212,16 @@ def _phase_times(kind: str, layers: int, device: torch.device, iters: int) -> di
     ids = torch.randint(0, cfg["vocab_size"], (1, 32), device=device)
     pos = torch.arange(32, device=device).unsqueeze(0)
     samples: dict[str, list[float]] = {"fwd": [], "bwd": [], "opt": []}
-    for i in range(iters + 3):
+    counter = _OpCount()
+    for i in range(iters + 4):
+        counting = i == iters + 3  # one last iteration counts the aten operators of each phase
+        if counting:
+            counter.__enter__()
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
-        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        with ac:
+            logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
         if loss_ctx is not None:
             with loss_ctx():
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
@@ -219,6 +229,7 @@ def _phase_times(kind: str, layers: int, device: torch.device, iters: int) -> di
             loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
         torch.cuda.synchronize()
         t1 = time.perf_counter()
+        counter.phase = "bwd"
         if loss_ctx is not None:
             with loss_ctx():
                 loss.backward()
@@ -226,53 +237,96 @@ def _phase_times(kind: str, layers: int, device: torch.device, iters: int) -> di
             loss.backward()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
+        counter.phase = "opt"
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         t3 = time.perf_counter()
-        if i >= 3:
+        counter.phase = "fwd"
+        if counting:
+            counter.__exit__(None, None, None)
+        elif i >= 3:
             samples["fwd"].append((t1 - t0) * 1e6)
             samples["bwd"].append((t2 - t1) * 1e6)
             samples["opt"].append((t3 - t2) * 1e6)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    out = {k: statistics.median(v) for k, v in samples.items()}
+    out.update({f"{k}_ops": float(v) for k, v in counter.counts.items()})
+    return out
+
+
+class _OpCount(TorchDispatchMode):
+    """Aten operators dispatched per phase (host costs per operator = per-layer time / per-layer count)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "fwd"
+        self.counts = {"fwd": 0, "bwd": 0, "opt": 0}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if str(func).startswith("aten."):
+            self.counts[self.phase] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares slope and intercept."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return slope, my - slope * mx
 
 
 def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int = 30) -> int:
-    world = dist.get_world_size()
-    lo, hi = 2, 6
-    times: dict[tuple[str, int], dict[str, float]] = {}
-    for kind in HOST_KINDS:
-        for layers in (lo, hi):
-            t = _phase_times(kind, layers, device, iters)
-            agg = torch.tensor([t["fwd"], t["bwd"], t["opt"]], device=device, dtype=torch.float64)
-            dist.all_reduce(agg, op=dist.ReduceOp.MAX)
-            times[(kind, layers)] = dict(zip(("fwd", "bwd", "opt"), agg.tolist(), strict=True))
     rows = []
-    for kind in HOST_KINDS:
-        base = "plain_tp_shard" if kind.startswith("tp") else "plain"
-        for phase in ("fwd", "bwd", "opt"):
-            slope = (times[(kind, hi)][phase] - times[(kind, lo)][phase]) / (hi - lo)
-            fixed = times[(kind, lo)][phase] - lo * slope
-            if kind.startswith("plain"):
-                vals = {"per_layer_us": slope, "fixed_us": fixed}
-            else:
-                bslope = (times[(base, hi)][phase] - times[(base, lo)][phase]) / (hi - lo)
-                bfixed = times[(base, lo)][phase] - lo * bslope
-                vals = {"extra_per_layer_us": slope - bslope, "extra_fixed_us": fixed - bfixed}
-            for q, v in vals.items():
-                rows.append({"framework": "torch", "kind": kind, "phase": phase, "quantity": q, "value_us": v,
-                             "ranks": world, "samples_json": json.dumps({str(k[1]): times[k][phase] for k in times
-                                                                         if k[0] == kind}),
-                             "status": "ok", "reason": "", "measured_at": _now(), **dataclasses.asdict(prov)})
+    for setting in ("bf16", "amp_bf16"):
+        rows += _host_rows(device, prov, setting, iters)
     if dist.get_rank() == 0 and out is not None:
-        store = ChunkedStore(out, f"framework-r{world}", FRAMEWORK_SCHEMA, prov,
-                             key_columns=("framework", "kind", "phase", "quantity", "ranks"))
+        store = ChunkedStore(out, f"framework-r{dist.get_world_size()}", FRAMEWORK_SCHEMA, prov,
+                             key_columns=("framework", "kind", "setting", "phase", "quantity", "ranks"))
         for r in rows:
             store.append(r)
         store.flush()
         for r in rows:
-            print(f"[host] {r['kind']:>15} {r['phase']} {r['quantity']:>18}: {r['value_us']:9.1f} us", flush=True)
+            print(f"[host] {r['kind']:>15} {r['setting']:>8} {r['phase']} {r['quantity']:>18}: {r['value_us']:9.1f} us",
+                  flush=True)
     return len(rows)
+
+
+LAYER_COUNTS = (1, 2, 4, 6)
+
+
+def _host_rows(device: torch.device, prov: Any, setting: str, iters: int) -> list[dict[str, Any]]:
+    world = dist.get_world_size()
+    times: dict[tuple[str, int], dict[str, float]] = {}
+    for kind in HOST_KINDS:
+        for layers in LAYER_COUNTS:
+            if dist.get_rank() == 0:
+                print(f"[host] {setting} {kind} L{layers}", flush=True)
+            t = _phase_times(kind, layers, setting, device, iters)
+            names = ("fwd", "bwd", "opt", "fwd_ops", "bwd_ops", "opt_ops")
+            agg = torch.tensor([t[k] for k in names], device=device, dtype=torch.float64)
+            dist.all_reduce(agg, op=dist.ReduceOp.MAX)
+            times[(kind, layers)] = dict(zip(names, agg.tolist(), strict=True))
+    rows = []
+    xs = [float(n) for n in LAYER_COUNTS]
+    for kind in HOST_KINDS:
+        base = "plain_tp_shard" if kind.startswith("tp") else "plain"
+        for phase in ("fwd", "bwd", "opt"):
+            slope, fixed = _fit_line(xs, [times[(kind, n)][phase] for n in LAYER_COUNTS])
+            ops, _ = _fit_line(xs, [times[(kind, n)][phase + "_ops"] for n in LAYER_COUNTS])
+            if kind.startswith("plain"):
+                vals = {"per_layer_us": slope, "fixed_us": fixed, "per_layer_ops": ops,
+                        "per_op_us": slope / ops if ops > 0 else 0.0}
+            else:
+                bslope, bfixed = _fit_line(xs, [times[(base, n)][phase] for n in LAYER_COUNTS])
+                vals = {"extra_per_layer_us": slope - bslope, "extra_fixed_us": fixed - bfixed}
+            for q, v in vals.items():
+                rows.append({"framework": "torch", "kind": kind, "setting": setting, "phase": phase, "quantity": q, "value_us": v,
+                             "ranks": world, "samples_json": json.dumps({str(k[1]): times[k][phase] for k in times
+                                                                         if k[0] == kind}),
+                             "status": "ok", "reason": "", "measured_at": _now(), **dataclasses.asdict(prov)})
+    return rows
 
 
 def main_probe(gpu: str, out_root: Path, what: str) -> None:

@@ -170,3 +170,21 @@ class Timer:
                 break
         return Measurement(statistics.median(samples), quantile(samples, 0.2), quantile(samples, 0.8), min(samples),
                            tuple(samples), statistics.median(samples), len(samples), "cpu-wall")
+
+
+class ClosedFormTimer:
+    """A deterministic stand-in for measurement (tests, CI): latency from the registry's FLOP and byte
+    formulas on a fixed synthetic machine, so a test database is the same on an idle or a loaded CPU.
+    The operator is not run. Rates are per precision (half precision twice TF32, TF32 twice FP32)."""
+
+    LAUNCH_US = 4.0
+    BYTES_PER_US = 20_000.0  # 20 GB/s
+    FLOPS_PER_US = {"fp32": 5e4, "tf32": 1e5, "fp16": 2e5, "bf16": 2e5, "fp8": 4e5, "int": 5e4}
+    WARM_SHARE = 0.8  # back-to-back latency relative to the cold one
+
+    def latency_us(self, flops: float, nbytes: float, precision: str) -> float:
+        return self.LAUNCH_US + flops / self.FLOPS_PER_US.get(precision, 5e4) + nbytes / self.BYTES_PER_US
+
+    def estimate(self, flops: float, nbytes: float, precision: str) -> Measurement:
+        us = self.latency_us(flops, nbytes, precision)
+        return Measurement(us, us, us, us, (us,) * 5, us * self.WARM_SHARE, 5, "closed-form")

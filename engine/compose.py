@@ -37,6 +37,9 @@ class Parallel:
     sequence_parallel: bool = False
     zero: int = 0
     recompute: bool = False
+    pp_schedule: str = "1f1b"  # 1f1b | gpipe | interleaved
+    framework: str = "torch"  # torch | megatron
+    ddp_bucket_view: bool = False
 
     @property
     def gpus(self) -> int:
@@ -58,6 +61,10 @@ class Parallel:
             raise PlanError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero}")
         if self.sequence_parallel and self.tp == 1:
             raise PlanError("sequence parallelism needs TP > 1")
+        if self.pp_schedule not in ("1f1b", "gpipe", "interleaved"):
+            raise PlanError(f"unknown pipeline schedule {self.pp_schedule!r}: 1f1b, gpipe or interleaved")
+        if self.framework not in ("torch", "megatron"):
+            raise PlanError(f"unknown framework {self.framework!r}: torch or megatron")
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,8 @@ class Database:
         except duckdb.Error as e:
             raise DatabaseError(f"cannot read the profile database at {base}: {str(e).splitlines()[0]}") from None
         optional = {"comm": f"{base}/comm/*.parquet",
+                    "overlap": f"{base}/overlap/*.parquet",
+                    "framework": f"{base}/framework/*.parquet",
                     "validation": f"{base}/../validation/validation-*.parquet",
                     "oplog": f"{base}/../validation/oplog-*.parquet"}
         for name, pattern in optional.items():

@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tp_query.schema.gpus import GpuSpec
+from tp_query.schema.precision import SETTINGS, Setting
 
 from .compose import Parallel, StageWork
-from .graph import Graph, MemoryProfile
+from .framework import PipeSchedule, in_flight_microbatches, pipelining_retained_outputs
+from .graph import Graph, MemoryProfile, Section
 
 WORKSPACE_BYTES = 64 * 2**20  # cuBLAS/cuDNN workspaces that the caching allocator serves
 FRAGMENTATION = 0.03  # share of capacity the caching allocator cannot hand out at the peak
@@ -39,31 +41,60 @@ class MemoryBreakdown:
 
 def stage_memory(graph: Graph, stage: StageWork, par: Parallel, optimizer: str, gpu: GpuSpec) -> MemoryBreakdown:
     mp: MemoryProfile = graph.memory
+    st = SETTINGS[Setting(graph.meta.setting)]
     traced_numel = stage.composer.traced_numel
+    torch_fsdp = par.framework == "torch" and par.zero >= 2 and par.dp > 1
     w = stage.param_bytes
     g = w  # gradients share the parameters' dtype
     states = 0 if optimizer == "sgd" else 2
-    o = states * w
+    master = 4 * stage.param_numel if st.master_weights else 0  # fp32 copy of half-precision parameters
+    o = states * (4 * stage.param_numel if st.master_weights else w) + master
+    if st.master_weights:
+        g = 4 * stage.param_numel  # fp32 gradients (Megatron's main_grad buffer, FSDP2's fp32 reduce)
     if par.zero >= 1:
         o //= par.dp
     if par.zero >= 2:
         g //= par.dp
-    if par.zero >= 3:
+    if par.zero >= 3 or torch_fsdp:  # FSDP2 shards the parameters at rest for either reshard setting
         w //= par.dp
+    unsharded = 0
+    if torch_fsdp:  # gathered units in compute precision: the root all step, one or all layers in flight
+        itemsize = st.param_dtype.itemsize
+        layer_numel = sum(p.numel for p in stage.params if p.section == Section.LAYER)
+        layer_full = layer_numel * itemsize // max(stage.layers, 1)
+        root_full = (stage.param_numel - layer_numel) * itemsize
+        # at the start of backward: ZeRO-3 holds the prefetched last layer, ZeRO-2 every layer since forward
+        unsharded = root_full + (1 if par.zero == 3 else stage.layers) * layer_full
+        if st.master_weights:
+            w = 4 * stage.param_numel // par.dp  # the sharded parameters are the fp32 master weights
+            o -= master // (par.dp if par.zero >= 1 else 1)
     m = par.micro_batches
-    in_flight = min(par.pp - stage.index, m) if par.pp > 1 else 1
+    sched = PipeSchedule(par.pp_schedule)
+    in_flight = in_flight_microbatches(stage.index, par.pp, m, sched)
     act_mb = stage.layers * mp.layer_act_bytes + (mp.embed_act_bytes if stage.first else 0)
     if not graph.meta.traced_layers:
         act_mb = mp.fwd_end_bytes
-    acts = in_flight * act_mb
+    acts = int(in_flight * act_mb)
+    if par.pp > 1 and stage.last and pipelining_retained_outputs(sched, par.framework):
+        acts += (m - 1) * _logits_bytes(graph, par)
     grads_live = g if m > 1 else 0  # later micro-batches run with the gradients of earlier ones
     head = mp.head_peak_bytes if stage.last else 0
-    start_bwd = w + o + grads_live + acts + max(head, mp.layer_bwd_transient_bytes if stage.layers else 0)
+    start_bwd = w + o + grads_live + acts + unsharded + max(head, mp.layer_bwd_transient_bytes if stage.layers else 0)
     share = stage.param_numel / traced_numel
     opt_transient = int(mp.opt_peak_bytes * share / (par.dp if par.zero >= 1 else 1))
-    at_opt = w + o + g + opt_transient
-    buffers = WORKSPACE_BYTES + (g if par.dp > 1 and par.zero == 0 else 0)
+    # DDP allocates its buckets when it wraps the model; gradient_as_bucket_view makes .grad views into them
+    ddp_buckets = g if par.dp > 1 and par.zero == 0 and par.framework == "torch" else 0
+    at_opt = w + o + (0 if ddp_buckets and par.ddp_bucket_view else g) + opt_transient
+    buffers = WORKSPACE_BYTES + ddp_buckets
     peak = max(start_bwd, at_opt) + buffers
     capacity = int((gpu.memory_bytes - gpu.context_bytes) * (1 - FRAGMENTATION))
     transient = max(head, mp.layer_bwd_transient_bytes, opt_transient)
-    return MemoryBreakdown(w, g, o, acts, transient, buffers, int(peak), capacity, peak <= capacity)
+    return MemoryBreakdown(w, g, o, acts + unsharded, transient, buffers, int(peak), capacity, peak <= capacity)
+
+
+def _logits_bytes(graph: Graph, par: Parallel) -> int:
+    """One micro-batch's LM-head output on a TP rank, in the dtype the head computes in."""
+    st = SETTINGS[Setting(graph.meta.setting)]
+    dt = st.autocast_dtype or st.param_dtype
+    vocab = int(graph.meta.model.get("vocab_size", 0))
+    return graph.meta.micro_batch * graph.meta.seq_len * (vocab // max(par.tp, 1)) * dt.itemsize

@@ -19,12 +19,14 @@ import numpy as np
 from tp_query.schema.gpus import GpuSpec, gpu_spec
 from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
 from tp_query.schema.ops import Family
-from tp_query.schema.precision import SETTINGS, Setting
+from tp_query.schema.precision import SETTINGS, DType, Setting
 from tp_query.schema.signature import TensorSpec
 
 from .comm import CommModel
 from .compose import Composer, Item, Parallel, PlanError, StageWork
 from .db import Database
+from .framework import (Framework, FrameworkData, HostExtra, Interference, PipeSchedule, StageShape, ddp_overhead,
+                        fsdp_overhead, pipeline_time)
 from .graph import Graph, Phase, Section, is_graph_json
 from .hostsim import HostModel, simulate
 from .lookup import LatencyModel, Query, Source
@@ -57,11 +59,14 @@ class PredictRequest:
     recompute: bool = False
     strict: bool = False
     db_root: str | None = None
+    framework: str = "torch"  # torch | megatron: the stack that runs the split (its kernels, hooks, buckets)
+    pp_schedule: str = "1f1b"  # 1f1b | gpipe | interleaved
+    ddp_bucket_view: bool = False  # DDP(gradient_as_bucket_view=True): no separate bucket buffers
 
     @property
     def parallel(self) -> Parallel:
         return Parallel(self.dp, self.tp, self.pp, self.micro_batch, self.global_batch, self.sequence_parallel,
-                        self.zero, self.recompute)
+                        self.zero, self.recompute, self.pp_schedule, self.framework, self.ddp_bucket_view)
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,7 @@ class Engine:
         self.latency = LatencyModel(self.db, self.gpu)
         self.host = self._host_model(db_root)
         self.comm = CommModel(self.gpu, self._comm_table())
+        self.framework = FrameworkData(self._optional_table("overlap"), self._optional_table("framework"))
         self._graphs: dict[str, Graph] = {}
         self._composers: dict[tuple[int, bool], Composer] = {}
         self._segments: dict[tuple[int, int], SegmentCache] = {}
@@ -205,8 +211,11 @@ class Engine:
         return HostModel.load(p) if p.exists() else HostModel()
 
     def _comm_table(self) -> list[dict[str, Any]]:
+        return self._optional_table("comm")
+
+    def _optional_table(self, view: str) -> list[dict[str, Any]]:
         try:
-            return self.db.sql("SELECT * FROM comm").to_pylist()
+            return self.db.sql(f"SELECT * FROM {view}").to_pylist()
         except Exception:
             return []
 
@@ -367,36 +376,70 @@ class _Assemble:
         self.warnings: list[str] = []
         cache = eng.segments_for(comp, par.tp)
         self.raw = []
+        self.extras = [self._host_extra_us(st) for st in stages]
         for st in stages:
             self.raw.append({
+                "sections": {(ph, sec): cache.section(ph, sec) for ph, parts in
+                             ((Phase.FWD, st.fwd_parts), (Phase.BWD, st.bwd_parts)) for sec, _ in parts},
                 "fwd": cache.stage(Phase.FWD, st.fwd_parts),
                 "bwd": cache.stage(Phase.BWD, st.bwd_parts),
                 "opt": cache.items_segment(st.ddp, st.opt, "opt"),
                 "accum": cache.items_segment(st.accum, None, "accum"),
                 "ddp": cache.items_segment(st.ddp, None, "ddp")})
 
+    # -- framework ----------------------------------------------------------------------------
+    def _host_extras(self) -> list[HostExtra]:
+        """The framework's measured host costs that apply to this split (DTensor TP, DDP/FSDP2 hooks)."""
+        par, fw = self.par, self.par.framework
+        setting = "amp_bf16" if self.req.setting.value.startswith("amp") else "bf16"
+        kinds = []
+        if par.tp > 1:
+            kinds.append("tp_sp" if par.sequence_parallel else "tp")
+        if par.dp > 1:
+            kinds.append({0: "ddp", 2: "fsdp_z2", 3: "fsdp_z3"}.get(par.zero, ""))
+        return [self.eng.framework.host_extra(fw, k, setting, par.gpus) for k in kinds if k]
+
+    def _host_extra_us(self, st: StageWork) -> tuple[float, float, float]:
+        """Extra host us per micro-batch (forward, backward) and per step (optimizer) for one stage."""
+        out = [0.0, 0.0, 0.0]
+        for e in self._host_extras():
+            for i, ph in enumerate(("fwd", "bwd", "opt")):
+                out[i] += e.per_layer_us.get(ph, 0.0) * st.layers + (e.fixed_us.get(ph, 0.0) if
+                                                                      (st.first or st.last) else 0.0)
+        return out[0], out[1], out[2]
+
     # -- evaluation ---------------------------------------------------------------------------
-    def _stage_times(self, raw: dict[str, Segment], host: HostModel) -> dict[str, Any]:
-        key = (*(id(raw[k]) for k in ("fwd", "bwd", "opt", "accum", "ddp")), host)
+    def _stage_times(self, raw: dict[str, Any], host: HostModel, extra: tuple[float, float, float]
+                     ) -> dict[str, Any]:
+        key = (*(id(raw[k]) for k in ("fwd", "bwd", "opt", "accum", "ddp")), host, extra)
         hit = self.eng.stage_times.get(key)
         if hit is None:
-            hit = self.eng.stage_times[key] = self._compute_stage_times(raw, host)
+            hit = self.eng.stage_times[key] = self._compute_stage_times(raw, host, extra)
         return hit
 
-    def _compute_stage_times(self, raw: dict[str, Segment], host: HostModel) -> dict[str, Any]:
+    def _compute_stage_times(self, raw: dict[str, Any], host: HostModel, extra: tuple[float, float, float]
+                             ) -> dict[str, Any]:
         gf, hf = raw["fwd"].times(host)
         gb, hb = raw["bwd"].times(host)
+        if extra[0] and len(hf):
+            hf = hf + extra[0] / len(hf)
+        if extra[1] and len(hb):
+            hb = hb + extra[1] / len(hb)
         fb = simulate(np.concatenate([gf, gb]), np.concatenate([hf, hb]),
                       np.concatenate([raw["fwd"].sync, raw["bwd"].sync]))
         share_f = (gf.sum() + hf.sum() + 1e-9) / (gf.sum() + gb.sum() + hf.sum() + hb.sum() + 1e-9)
         go, ho = raw["opt"].times(host)
+        if extra[2] and len(ho):
+            ho = ho + extra[2] / len(ho)
         so = simulate(go, ho, raw["opt"].sync)
         ga, _ = raw["accum"].times(host)
         gd, _ = raw["ddp"].times(host)
         src = {}
         for name, g in (("fwd", gf), ("bwd", gb), ("opt", go), ("accum", ga), ("ddp", gd)):
             src[name] = np.bincount(raw[name].src, weights=g, minlength=len(SOURCES))
+        sections = {k: float(seg.times(host)[0].sum()) for k, seg in raw["sections"].items()}
         return {"src": src,  # type: ignore[dict-item]
+            "sections": sections, "fb_gpu_us": float(gf.sum() + gb.sum()),
             "fwd_us": fb.elapsed_us * share_f, "bwd_us": fb.elapsed_us * (1 - share_f),
             "fwd_gpu_us": float(gf[~raw["fwd"].is_comm].sum()), "bwd_gpu_us": float(gb[~raw["bwd"].is_comm].sum()),
             "tp_comm_us": float(gf[raw["fwd"].is_comm].sum() + gb[raw["bwd"].is_comm].sum()),
@@ -406,13 +449,13 @@ class _Assemble:
     def evaluate(self, host: HostModel) -> tuple[float, dict[str, float], list[dict[str, float]], int]:
         """Iteration time (us), breakdown (ms), per-stage times and the critical stage."""
         par, m = self.par, self.par.micro_batches
-        per_stage = [self._stage_times(r, host) for r in self.raw]
+        per_stage = [self._stage_times(r, host, e) for r, e in zip(self.raw, self.extras, strict=True)]
         p2p = self.eng.comm.estimate("send_recv", self._p2p_bytes(), 2, spans_hosts=par.tp * par.dp >= 8).us \
             if par.pp > 1 else 0.0
         cost = [r["fwd_us"] + r["bwd_us"] + 2 * p2p for r in per_stage]
         crit = int(np.argmax(cost))
         c = per_stage[crit]
-        pipe = sum(cost) + (m - 1) * max(cost) if par.pp > 1 else m * cost[0]
+        pipe = pipeline_time(cost, m, PipeSchedule(par.pp_schedule))
         fwd_compute = m * c["fwd_gpu_us"]
         bwd_compute = m * c["bwd_gpu_us"]
         tp_comm = m * c["tp_comm_us"]
@@ -420,7 +463,7 @@ class _Assemble:
         pp_comm = (2 * m * p2p + 2 * (par.pp - 1) * p2p) if par.pp > 1 else 0.0
         bubble = max(pipe - (fwd_compute + bwd_compute + tp_comm + host_fb + 2 * m * p2p), 0.0) if par.pp > 1 else 0.0
         accum = (m - 1) * c["accum_us"]
-        dp_exposed = self._dp_comm_us(self.stages[crit], c["bwd_us"])
+        dp_exposed = self._dp_comm_us(self.stages[crit], c)
         opt_gpu = max(r["opt_gpu_us"] for r in per_stage)
         opt_host = max(r["opt_us"] for r in per_stage) - opt_gpu
         host_total = host_fb + opt_host + host.per_iteration_us
@@ -507,22 +550,67 @@ class _Assemble:
         seq = self.g.meta.seq_len // (self.par.tp if self.par.sequence_parallel else 1)
         return float(self.g.meta.micro_batch * seq * int(spec.get("hidden_size", 0)) * act_dt.itemsize)
 
-    def _dp_comm_us(self, s: StageWork, bwd_us: float) -> float:
+    def stage_shape(self, s: StageWork, c: dict[str, Any]) -> StageShape:
+        """Per-section compute of one micro-batch (host idle spread in proportion) and parameter bytes."""
+        sec = c["sections"]
+        scale = (c["fwd_us"] + c["bwd_us"]) / max(c["fb_gpu_us"], 1e-9)
+
+        def t(ph: Phase, se: Section, per: int = 1) -> float:
+            return sec.get((ph, se), 0.0) * scale / per
+
+        def sizes(se: Section, layer: int | None = None) -> tuple[int, ...]:
+            return tuple(p.numel * DType(p.dtype).itemsize for p in s.params
+                         if p.section == se and (layer is None or p.layer == layer))
+
+        body = Section.BODY if (Phase.FWD, Section.BODY) in sec else None
+        return StageShape(
+            fwd_embed_us=t(Phase.FWD, Section.EMBED) + (t(Phase.FWD, body) if body else 0.0),
+            fwd_layer_us=t(Phase.FWD, Section.LAYER), fwd_head_us=t(Phase.FWD, Section.HEAD),
+            bwd_head_us=t(Phase.BWD, Section.HEAD) + (t(Phase.BWD, body) if body else 0.0),
+            bwd_layer_us=t(Phase.BWD, Section.LAYER), bwd_embed_us=t(Phase.BWD, Section.EMBED),
+            layers=s.layers, embed_params=sizes(Section.EMBED) + (sizes(Section.BODY) if body else ()),
+            layer_params=sizes(Section.LAYER, 0) if s.layers else (), head_params=sizes(Section.HEAD))
+
+    def interference(self) -> Interference:
+        st = SETTINGS[self.req.setting]
+        cls = "half" if st.autocast_dtype or st.param_dtype in (DType.BF16, DType.FP16) else (
+            "tf32" if st.allow_tf32 else "fp32")
+        if cls == "fp32":
+            return Interference(source="fp32 SIMT GEMMs: not measured, none assumed")
+        return self.eng.framework.interference(self.par.dp, cls)
+
+    def _dp_comm_us(self, s: StageWork, c: dict[str, Any]) -> float:
+        """Exposed data-parallel communication of a step (and the slowdown NCCL causes to compute beside it)."""
         par = self.par
         if par.dp <= 1:
             return 0.0
-        gbytes = s.param_bytes
         spans = par.tp * par.dp > 8
+
+        def comm(kind: str, nbytes: float) -> float:
+            return self.eng.comm.estimate(kind, nbytes, par.dp, spans).us
+
+        shape = self.stage_shape(s, c)
+        inter = self.interference()
+        torch_fw = par.framework == Framework.TORCH
         if par.zero == 0:
-            t = self.eng.comm.estimate("all_reduce", gbytes, par.dp, spans).us
-            last = self.eng.comm.estimate("all_reduce", min(gbytes, 25 * 2**20), par.dp, spans).us
-            return max(last, t - 0.9 * bwd_us)
-        rs = self.eng.comm.estimate("reduce_scatter", gbytes, par.dp, spans).us
-        ag = self.eng.comm.estimate("all_gather", gbytes, par.dp, spans).us
-        if par.zero < 3:
-            return max(0.0, rs - 0.9 * bwd_us) + ag
-        m = par.micro_batches
-        return m * (max(0.0, ag - 0.9 * bwd_us / 2) + max(0.0, ag + rs - 0.9 * bwd_us / 2))
+            return ddp_overhead(shape, comm, inter)
+        if par.zero >= 2 and torch_fw:  # FSDP2: every micro-batch gathers and reduce-scatters
+            st = SETTINGS[self.req.setting]
+            reduce_ratio = 4 / st.param_dtype.itemsize if st.master_weights else 1.0
+            hbm = self.eng.gpu.hbm_bytes_per_s
+
+            def copy_us(nbytes: float) -> float:
+                return 2e6 * nbytes / hbm + 3.0 if nbytes > 0 else 0.0
+
+            f, b = fsdp_overhead(shape, comm, inter, reshard=par.zero == 3, gather_ratio=1.0,
+                                 reduce_ratio=reduce_ratio, copy_us=copy_us)
+            return par.micro_batches * (f + b)
+        # ZeRO-1 (and Megatron's distributed optimizer): gradients reduce-scattered as buckets fill, the
+        # updated parameters all-gathered after the optimizer step
+        gbytes = s.param_bytes
+        rs = comm("reduce_scatter", gbytes)
+        ag = comm("all_gather", gbytes)
+        return max(0.0, rs - 0.9 * shape.plain_bwd_us) + ag
 
     def _config(self, host: HostModel) -> dict[str, Any]:
         r, par = self.req, self.par

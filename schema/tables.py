@@ -144,7 +144,8 @@ OVERLAP_SCHEMA = pa.schema(
 # Host-side costs of a framework (microseconds), measured on host-bound runs of a tiny model: the slope per
 # decoder layer and the fixed part per micro-batch of each phase, beyond plain eager PyTorch.
 FRAMEWORK_SCHEMA = pa.schema(
-    [pa.field("framework", pa.string()), pa.field("kind", pa.string()), pa.field("phase", pa.string()),
+    [pa.field("framework", pa.string()), pa.field("kind", pa.string()), pa.field("setting", pa.string()),
+     pa.field("phase", pa.string()),
      pa.field("quantity", pa.string()), pa.field("value_us", pa.float64()), pa.field("ranks", pa.int32()),
      pa.field("samples_json", pa.string()), pa.field("status", pa.string()), pa.field("reason", pa.string()),
      pa.field("measured_at", pa.timestamp("ms", tz="UTC")), *PROVENANCE_FIELDS]

@@ -1,5 +1,7 @@
-"""Shared fixtures. CI has no GPU: tests marked `gpu` skip there; everything else runs for real on
-the CPU (the collector's CPU mode measures real kernels and writes a real Parquet database)."""
+"""Shared fixtures. CI has no GPU: tests marked `gpu` skip there (with the reason shown); everything else
+runs for real on the CPU. Engine tests read a database the real collector writes with closed-form
+latencies (deterministic under any load); the collector's own tests time real CPU kernels but assert
+only on what timing cannot change (rows, keys, files)."""
 
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ def run_collector(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="session")
 def cpu_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real database measured on this CPU: the tiny grid plus the exact calls of a tiny model."""
+    """A real database written by the collector (tiny grid plus the exact calls of a tiny model) with
+    closed-form latencies: the same numbers on an idle or a loaded machine."""
     root = tmp_path_factory.mktemp("db")
     sigs = root / "tiny.jsonl"
     model = root / "tiny.json"
@@ -68,6 +71,6 @@ def cpu_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "--precision", "amp_bf16", "--precision", "fp32")
     assert r.returncode == 0, r.stderr
     r = run_collector("collect", "--gpu", "cpu", "--grid", "--tiny", "1", "--sigs", str(sigs),
-                      "--out", str(root / "cpu" / "ops"), "--quiet")
+                      "--out", str(root / "cpu" / "ops"), "--quiet", "--timer", "closed-form")
     assert r.returncode == 0, r.stderr
     return root

@@ -119,3 +119,38 @@ def test_signature_file_roundtrip(tmp_path: Path) -> None:
     back = signature_points(f)
     assert [p.key for p in back] == [p.key for p in pts]
     assert all(json.loads(line)["op"] == "aten.mm.default" for line in f.read_text().splitlines())
+
+
+def test_real_kill_minus_9_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
+    """A collector subprocess is SIGKILLed mid-campaign (real CPU timing, so it is slow enough to kill);
+    the rerun finishes the campaign with exactly one row per point, like an uninterrupted run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import ROOT
+
+    out = tmp_path / "ops"
+    args = [sys.executable, "-m", "tp_query.collector", "collect", "--gpu", "cpu", "--grid", "--tiny", "4",
+            "--kinds", "mm,elementwise,softmax", "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = out / ".journal-grid.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and len(journal.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the campaign finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_rows = len(journal.read_text().splitlines())
+    assert killed_rows >= 3
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = _rows(out)
+    keys = [(x["key"], x["run"]) for x in rows]
+    planned = {p.key for p in grid_points(kinds={"mm", "elementwise", "softmax"}, tiny=4)}
+    assert len(keys) == len(set(keys)) and {k for k, _ in keys} == planned
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)  # a third run adds nothing
+    assert r.returncode == 0 and len(_rows(out)) == len(rows)

@@ -45,6 +45,18 @@ def test_mutated_real_configs(base: dict, changes: dict) -> None:
     _check(json.loads(json.dumps({**base, **changes})))
 
 
-def test_report_cases_tried() -> None:
-    print(f"\nfuzzed the model-file parser with {CASES['n']} cases")
-    assert CASES["n"] >= 1000
+def test_a_thousand_fixed_mutations() -> None:
+    """Standalone and deterministic: 1,000 seeded mutations of real configs, each a spec or one line."""
+    import random
+
+    rng = random.Random(0)
+    keys = ["hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "vocab_size",
+            "intermediate_size", "head_dim", "n_embd", "n_head", "n_layer", "rope_theta", "tie_word_embeddings"]
+    values: list[object] = [None, True, False, 0, -1, 1, 3, 7, 64, 2**40, 1.5, float("nan"), "8", "false", [], {}]
+    before = CASES["n"]
+    for _ in range(1000):
+        base = dict(rng.choice([TINY_LLAMA, TINY_GPT2]))
+        for k in rng.sample(keys, rng.randint(1, 3)):
+            base[k] = rng.choice(values)
+        _check(base)
+    assert CASES["n"] - before == 1000

@@ -58,6 +58,32 @@ class TraceRequest:
     traced_layers: int = 2
 
 
+class MasterWeightsOptimizer:
+    """Half-precision parameters with fp32 master weights (Megatron's --bf16, FSDP2's MixedPrecisionPolicy):
+    gradients cast to fp32, the optimizer steps the fp32 copies, the half parameters are refreshed from them."""
+
+    def __init__(self, kind: str, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        self.master = [torch.nn.Parameter(p.detach().float()) for p in params]
+        self.inner = make_optimizer(kind, self.master)
+
+    @property
+    def state(self) -> Any:
+        return self.inner.state
+
+    def step(self) -> None:
+        for p, m in zip(self.params, self.master, strict=True):
+            m.grad = p.grad.float() if p.grad is not None else None
+        self.inner.step()
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, self.master)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+
 def make_optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """The optimizer a CUDA user gets: AdamW/SGD default to the foreach implementation on CUDA."""
     if kind == "adamw":
@@ -353,8 +379,9 @@ def trace_config(req: TraceRequest) -> Graph:
     with FakeTensorMode(allow_non_fake_inputs=False):
         model = _construct(lambda: build_model(spec_t, shard), torch_dtype(st.param_dtype))
         params = [p for p in model.parameters()]
-        opt = make_optimizer(req.optimizer, params)
-        scaler = torch.amp.GradScaler("cpu") if st.grad_scaler else None
+        opt: Any = MasterWeightsOptimizer(req.optimizer, params) if st.master_weights else \
+            make_optimizer(req.optimizer, params)
+        scaler = torch.amp.GradScaler("cpu") if st.grad_scaler and not st.master_weights else None
         ac_dtype = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
         input_ids = torch.randint(0, req.spec.vocab_size, (req.micro_batch, req.seq_len))
         labels = input_ids
@@ -381,6 +408,7 @@ def trace_config(req: TraceRequest) -> Graph:
                              if isinstance(s.get("step"), torch.Tensor) and req.optimizer != "adamw_fused"])
         cap = _Capture(host_ids, param_section)
         state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        state += list(getattr(opt, "master", []))
         static = _storage_bytes(params + [t for t in state if t not in host_ids])
         cap.known(params + state + list(model.buffers()) + [input_ids])
         if scaler is not None:

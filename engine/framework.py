@@ -1,0 +1,349 @@
+"""Framework models: what a distributed training stack adds around the operators of a stage.
+
+The graph says what each GPU computes; how a stack communicates around it is the framework's: DDP's
+gradient buckets, FSDP2's per-block all-gather prefetch and reduce-scatter (with its exposed first
+all-gather and last reduce-scatter), DTensor's per-operator dispatch on the host, the pipeline schedule's
+bubble and the activations and outputs it keeps. Everything here is a two-queue timeline (compute
+stream, NCCL stream) over per-section compute times and measured collectives, slowed by the measured
+interference of concurrent NCCL kernels and compute (data/<gpu>/overlap/), plus host costs measured per
+framework (data/<gpu>/framework/).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Framework(StrEnum):
+    TORCH = "torch"  # PyTorch native: DDP, FSDP2, DTensor TP/SP, torch.distributed.pipelining
+    MEGATRON = "megatron"  # Megatron-Core: its DDP and distributed optimizer, TP layers, 1F1B
+
+
+class PipeSchedule(StrEnum):
+    ONE_F_ONE_B = "1f1b"
+    GPIPE = "gpipe"
+    INTERLEAVED = "interleaved"  # two model chunks per rank (torch's ScheduleInterleaved1F1B)
+
+
+INTERLEAVED_CHUNKS = 2
+DDP_BUCKET_BYTES = 25 * 2**20
+DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+@dataclass(frozen=True)
+class HostExtra:
+    """Extra host microseconds a framework adds beyond plain eager PyTorch, per phase."""
+
+    per_layer_us: dict[str, float]
+    fixed_us: dict[str, float]
+    source: str  # "measured (N ranks)" | "none"
+
+    @staticmethod
+    def none() -> HostExtra:
+        return HostExtra({}, {}, "none")
+
+
+@dataclass(frozen=True)
+class Interference:
+    """Slowdown factors (>= 1) of compute while a collective runs beside it, and of that collective beside
+    compute, as functions of the collective and its size (measured rows, interpolated in log bytes)."""
+
+    points: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)  # coll -> (bytes, c, m)
+    source: str = "none"
+
+    def factors(self, collective: str, nbytes: float) -> tuple[float, float]:
+        pts = self.points.get(collective) or self.points.get("all_reduce")
+        if not pts:
+            return 1.0, 1.0
+        if nbytes <= pts[0][0]:
+            return pts[0][1], pts[0][2]
+        if nbytes >= pts[-1][0]:
+            return pts[-1][1], pts[-1][2]
+        for (b0, c0, m0), (b1, c1, m1) in zip(pts, pts[1:], strict=False):
+            if b0 <= nbytes <= b1:
+                w = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+                return c0 + w * (c1 - c0), m0 + w * (m1 - m0)
+        return pts[-1][1], pts[-1][2]
+
+
+@dataclass
+class FrameworkData:
+    """The framework tables of a database: overlap interference and host costs."""
+
+    overlap: list[dict[str, Any]] = field(default_factory=list)
+    host: list[dict[str, Any]] = field(default_factory=list)
+
+    def interference(self, ranks: int, precision_class: str) -> Interference:
+        """The measured slowdowns for the compute class that dominates the step (tensor-core GEMMs in half
+        precision or TF32), per collective and size, from the nearest measured group size."""
+        rows = [r for r in self.overlap if r.get("status") == "ok"]
+        if not rows:
+            return Interference()
+        have = sorted({int(r["ranks"]) for r in rows})
+        rk = min(have, key=lambda r: (abs(r - ranks), r))
+        comp = {"half": "gemm_bf16", "tf32": "gemm_tf32"}.get(precision_class, "gemm_tf32")
+        sel = [r for r in rows if int(r["ranks"]) == rk and r["compute"] == comp]
+        pts: dict[str, list[tuple[float, float, float]]] = {}
+        for r in sorted(sel, key=lambda r: r["bytes"]):
+            pts.setdefault(r["collective"], []).append(
+                (float(r["bytes"]), max(r["compute_concurrent_us"] / r["compute_alone_us"], 1.0),
+                 max(r["comm_concurrent_us"] / r["comm_alone_us"], 1.0)))
+        return Interference(pts, f"measured ({rk} ranks, {comp})")
+
+    def host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
+        rows = [r for r in self.host if r.get("status") == "ok" and r["framework"] == framework and r["kind"] == kind
+                and r.get("setting") == setting]
+        if not rows:
+            return HostExtra.none()
+        have = sorted({int(r["ranks"]) for r in rows})
+        rk = min(have, key=lambda r: (abs(r - ranks), r))
+        per: dict[str, float] = {}
+        fixed: dict[str, float] = {}
+        for r in rows:
+            if int(r["ranks"]) != rk:
+                continue
+            # host costs are non-negative by construction; a negative fit is noise around zero
+            if r["quantity"] == "extra_per_layer_us":
+                per[r["phase"]] = max(float(r["value_us"]), 0.0)
+            elif r["quantity"] == "extra_fixed_us":
+                fixed[r["phase"]] = max(float(r["value_us"]), 0.0)
+        return HostExtra(per, fixed, f"measured ({rk} ranks)")
+
+
+# ---------------------------------------------------------------------------------------------
+# a two-stream timeline
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class _Task:
+    stream: str  # "compute" | "comm"
+    us: float
+    deps: list[int]
+    slow: tuple[float, float] = (1.0, 1.0)  # comm tasks: (compute, comm) slowdown while both run
+    end: float = -1.0
+
+
+class Timeline:
+    """Tasks in issue order on two in-order streams (compute, NCCL), each starting when its stream is free
+    and its dependencies are done. While both streams run, each progresses at the measured slowed rate
+    (1 / slowdown): a fluid simulation, exact for piecewise-constant rates."""
+
+    def __init__(self) -> None:
+        self.tasks: list[_Task] = []
+
+    def add(self, stream: str, us: float, deps: list[int | None] | None = None,
+            slow: tuple[float, float] = (1.0, 1.0)) -> int:
+        self.tasks.append(_Task(stream, max(us, 0.0), [d for d in deps or [] if d is not None], slow))
+        return len(self.tasks) - 1
+
+    def comm(self, inter: Interference, collective: str, nbytes: float, us: float,
+             deps: list[int | None] | None = None) -> int:
+        return self.add("comm", us, deps, inter.factors(collective, nbytes))
+
+    def run(self) -> tuple[float, float]:
+        """(end of the compute stream, end of everything) in us."""
+        queues = {st: [i for i, t in enumerate(self.tasks) if t.stream == st] for st in ("compute", "comm")}
+        head = {"compute": 0, "comm": 0}
+        running: dict[str, tuple[int, float]] = {}  # stream -> (task, remaining us of work)
+        now = 0.0
+        ends = {"compute": 0.0, "comm": 0.0}
+        for t in self.tasks:
+            t.end = -1.0
+        while True:
+            for st, q in queues.items():  # start what can start
+                while st not in running and head[st] < len(q):
+                    t = self.tasks[q[head[st]]]
+                    if any(self.tasks[d].end < 0 for d in t.deps):
+                        break
+                    if t.us <= 0:
+                        t.end = now
+                        head[st] += 1
+                        continue
+                    running[st] = (q[head[st]], t.us)
+                    head[st] += 1
+            if not running:
+                break
+            rate = {st: 1.0 for st in running}
+            if len(running) == 2:
+                c_slow, m_slow = self.tasks[running["comm"][0]].slow
+                rate = {"compute": 1.0 / c_slow, "comm": 1.0 / m_slow}
+            dt = min(rem / rate[st] for st, (_, rem) in running.items())
+            now += dt
+            for st in list(running):
+                i, rem = running[st]
+                rem -= dt * rate[st]
+                if rem <= 1e-9:
+                    self.tasks[i].end = now
+                    ends[st] = now
+                    del running[st]
+                else:
+                    running[st] = (i, rem)
+        if any(t.end < 0 for t in self.tasks):
+            raise RuntimeError("timeline deadlock: a dependency on a task issued later on the same stream")
+        return ends["compute"], max(ends["compute"], ends["comm"])
+
+
+# ---------------------------------------------------------------------------------------------
+# data parallelism around one micro-batch's backward (and forward, for FSDP)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StageShape:
+    """Per-section compute of one micro-batch on one stage (us, host idle included) and the bytes of each
+    parameter a section owns, in model order (in the parameters' own dtype)."""
+
+    fwd_embed_us: float
+    fwd_layer_us: float
+    fwd_head_us: float
+    bwd_head_us: float
+    bwd_layer_us: float
+    bwd_embed_us: float
+    layers: int
+    embed_params: tuple[int, ...]  # embedding (first stage)
+    layer_params: tuple[int, ...]  # one decoder layer
+    head_params: tuple[int, ...]  # final norm and LM head (last stage)
+
+    @property
+    def root_bytes(self) -> int:
+        """FSDP2's root unit: everything outside the decoder layers."""
+        return sum(self.embed_params) + sum(self.head_params)
+
+    @property
+    def layer_bytes(self) -> int:
+        return sum(self.layer_params)
+
+    @property
+    def plain_bwd_us(self) -> float:
+        return self.bwd_head_us + self.layers * self.bwd_layer_us + self.bwd_embed_us
+
+
+CommFn = Callable[[str, float], float]  # (collective, bytes) -> us
+
+
+def ddp_buckets(sizes: list[int], cap: int = DDP_BUCKET_BYTES, first_cap: int = DDP_FIRST_BUCKET_BYTES) -> list[int]:
+    """DDP's bucket assignment (`_compute_bucket_assignment_by_size`): parameters in reverse order, a bucket
+    closes once it holds at least the cap (1 MiB for the first); a parameter is never split."""
+    out, cur, limit = [], 0, first_cap
+    for b in sizes:
+        cur += b
+        if cur >= limit:
+            out.append(cur)
+            cur, limit = 0, cap
+    if cur:
+        out.append(cur)
+    return out
+
+
+def ddp_overhead(s: StageShape, comm: CommFn, inter: Interference) -> float:
+    """DDP: gradients fill buckets in reverse parameter order as backward produces them (LM head first,
+    embedding last); each bucket's all-reduce starts when it is full and the previous one is done; compute
+    and NCCL slow each other while both run. Returns the time backward plus the gradient reduction take
+    beyond backward's plain compute, in us."""
+    tl = Timeline()
+    grads: list[tuple[int, int]] = []  # (task that produced it, bytes), in the order backward produces them
+    t = tl.add("compute", s.bwd_head_us)
+    grads += [(t, b) for b in reversed(s.head_params)]
+    for _ in range(s.layers):
+        t = tl.add("compute", s.bwd_layer_us)
+        grads += [(t, b) for b in reversed(s.layer_params)]
+    t = tl.add("compute", s.bwd_embed_us)
+    grads += [(t, b) for b in reversed(s.embed_params)]
+    prev: int | None = None
+    cur, limit, producer = 0, DDP_FIRST_BUCKET_BYTES, 0
+    for task, b in grads:
+        cur += b
+        producer = task
+        if cur >= limit:
+            prev = tl.comm(inter, "all_reduce", cur, comm("all_reduce", cur), [producer, prev])
+            cur, limit = 0, DDP_BUCKET_BYTES
+    if cur:
+        tl.comm(inter, "all_reduce", cur, comm("all_reduce", cur), [producer, prev])
+    _, end = tl.run()
+    return end - s.plain_bwd_us
+
+
+def fsdp_overhead(s: StageShape, comm: CommFn, inter: Interference, *, reshard: bool, gather_ratio: float,
+                  reduce_ratio: float, copy_us: Callable[[float], float]) -> tuple[float, float]:
+    """FSDP2 on one micro-batch: `fully_shard` per decoder layer and on the root (embedding, final norm,
+    LM head). Forward: the root's all-gather first (exposed), each layer's all-gather prefetched while the
+    previous layer computes (at most two gathered units in flight), its copy-out on the compute stream.
+    Backward: the root stays gathered; with reshard (ZeRO-3) each layer is gathered again, one ahead; each
+    unit's reduce-scatter follows its backward, the root's (embedding and head gradients) last and exposed.
+    Returns the time forward and backward take beyond their plain compute, in us."""
+    L = s.layers
+
+    def gather(tl: Timeline, nbytes: float, deps: list[int | None]) -> int:
+        full = nbytes * gather_ratio
+        return tl.comm(inter, "all_gather", full, copy_us(full / 2) + comm("all_gather", full), deps)
+
+    def reduce(tl: Timeline, nbytes: float, deps: list[int | None]) -> int:
+        full = nbytes * reduce_ratio
+        return tl.comm(inter, "reduce_scatter", full, copy_us(full) + comm("reduce_scatter", full), deps)
+
+    tl = Timeline()
+    g_root = gather(tl, s.root_bytes, []) if s.root_bytes else None
+    f_prev2: int | None = None
+    f_prev = tl.add("compute", s.fwd_embed_us + copy_us(s.root_bytes * gather_ratio), [g_root])
+    for _ in range(L):
+        g = gather(tl, s.layer_bytes, [f_prev2])
+        f = tl.add("compute", s.fwd_layer_us + copy_us(s.layer_bytes * gather_ratio), [g, f_prev])
+        f_prev2, f_prev = f_prev, f
+    tl.add("compute", s.fwd_head_us, [f_prev])
+    _, f_all = tl.run()
+    tl = Timeline()
+    prev = tl.add("compute", s.bwd_head_us)
+    gathers: dict[int, int] = {}
+    if reshard and L:
+        gathers[L] = gather(tl, s.layer_bytes, [])
+    for i in range(L, 0, -1):
+        if reshard and i > 1:
+            gathers[i - 1] = gather(tl, s.layer_bytes, [prev])
+        b = tl.add("compute", s.bwd_layer_us + (copy_us(s.layer_bytes * gather_ratio) if reshard else 0.0),
+                   [gathers.get(i), prev])
+        reduce(tl, s.layer_bytes, [b])
+        prev = b
+    b_emb = tl.add("compute", s.bwd_embed_us, [prev])
+    if s.root_bytes:
+        reduce(tl, s.root_bytes, [b_emb])
+    _, b_all = tl.run()
+    plain_f = s.fwd_embed_us + L * s.fwd_layer_us + s.fwd_head_us
+    return f_all - plain_f, b_all - s.plain_bwd_us
+
+
+# ---------------------------------------------------------------------------------------------
+# pipeline schedules
+# ---------------------------------------------------------------------------------------------
+
+def pipeline_time(costs: list[float], m: int, schedule: PipeSchedule) -> float:
+    """One step of fwd+bwd over m micro-batches: stages' per-micro-batch costs (p2p included).
+    1F1B and GPipe share the bubble (pp - 1) x slowest; interleaving v chunks per rank divides it by v."""
+    pp = len(costs)
+    if pp <= 1:
+        return m * costs[0]
+    slow = max(costs)
+    v = INTERLEAVED_CHUNKS if schedule == PipeSchedule.INTERLEAVED else 1
+    return (m - 1) * slow + sum(costs) - (pp - 1) * slow * (1 - 1 / v) if v > 1 else sum(costs) + (m - 1) * slow
+
+
+def in_flight_microbatches(stage: int, pp: int, m: int, schedule: PipeSchedule) -> float:
+    """Micro-batches of a stage's activations alive at its peak (in units of the stage's whole layer range)."""
+    if pp <= 1:
+        return 1.0
+    if schedule == PipeSchedule.GPIPE:
+        return float(m)
+    if schedule == PipeSchedule.INTERLEAVED:
+        v = INTERLEAVED_CHUNKS
+        warmup = min(m * v, (pp - stage - 1) * 2 + (v - 1) * pp)
+        return (warmup + 1) / v
+    return float(min(pp - stage, m))
+
+
+def pipelining_retained_outputs(schedule: PipeSchedule, framework: str) -> bool:
+    """torch.distributed.pipelining keeps every micro-batch's stage output until the step ends (to merge
+    them); on the last stage that is the logits of all micro-batches. Megatron frees them per micro-batch."""
+    return framework == Framework.TORCH
+
