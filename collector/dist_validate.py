@@ -159,8 +159,12 @@ def _param_dtype(setting: str) -> torch.dtype:
 
 def _tp_layer_plan(sp: bool) -> dict[str, Any]:
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
 
     plan: dict[str, Any] = {
         "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
@@ -181,8 +185,12 @@ def _tp_layer_plan(sp: bool) -> dict[str, Any]:
 
 def _apply_tp(model: Any, mesh: Any, sp: bool) -> None:
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     for layer in model.model.layers:
         parallelize_module(layer, mesh, _tp_layer_plan(sp))
@@ -314,7 +322,12 @@ class _PipeStage(torch.nn.Module):
 
 def build_torch_pp(case: DistCase, mesh: Any, device: torch.device) -> Step:
     import torch.nn.functional as F
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
 
     pp_mesh = mesh["pp"]
     rank, pp = pp_mesh.get_local_rank(), case.pp
@@ -391,11 +404,14 @@ def time_steps(step: Step, device: torch.device, warmup: int = 2, iters: int = 6
         torch.cuda.reset_peak_memory_stats()
     dist.barrier()
     samples: list[float] = []
+    host: list[float] = []  # how long the host took to issue the step: ~ the iteration when host-bound
     for _ in range(iters):
         if cuda:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
+            t0 = time.perf_counter()
             step()
+            host.append((time.perf_counter() - t0) * 1e3)
             b.record()
             b.synchronize()
             samples.append(a.elapsed_time(b))
@@ -406,7 +422,7 @@ def time_steps(step: Step, device: torch.device, warmup: int = 2, iters: int = 6
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     reserved = torch.cuda.max_memory_reserved() if cuda else 0
     return {"median_ms": statistics.median(samples), "samples_ms": samples, "peak": int(peak),
-            "reserved": int(reserved)}
+            "reserved": int(reserved), "host_ms": statistics.median(host) if host else None}
 
 
 def _intervals_union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -516,7 +532,8 @@ def _row(case: DistCase, per_rank: list[dict[str, Any]] | None, status: str, rea
                     iterations=len(s), samples_ms=s,
                     peak_allocated_bytes=max(r["peak"] for r in per_rank),
                     peak_reserved_bytes=max(r["reserved"] for r in per_rank),
-                    rank_json=json.dumps([{"median_ms": r["median_ms"], "peak": r["peak"]} for r in per_rank]),
+                    rank_json=json.dumps([{"median_ms": r["median_ms"], "peak": r["peak"],
+                                               "host_ms": r.get("host_ms")} for r in per_rank]),
                     kernel_breakdown_json=json.dumps(profs) if any(profs) else None)
     return base
 

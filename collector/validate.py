@@ -33,7 +33,8 @@ from .device import Device
 from .store import ChunkedStore, write_table
 from .timing import quantile
 
-ALL_SETTINGS = [s.value for s in Setting]
+# the one-GPU campaign: the six plain-PyTorch settings (fp32 master weights need FSDP2 or Megatron-Core)
+ALL_SETTINGS = [s.value for s in Setting if not SETTINGS[s].master_weights]
 
 
 @dataclass(frozen=True)

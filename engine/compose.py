@@ -251,6 +251,9 @@ class Composer:
             counts = [0]
         else:
             counts = split_layers(n_layers, par.pp)
+            if par.pp_schedule == "interleaved" and par.pp > 1 and n_layers % (2 * par.pp):
+                raise PlanError(f"interleaved 1F1B runs 2 chunks per rank: {n_layers} layers do not split into "
+                                f"{2 * par.pp} equal stages")
         out = []
         for s, n in enumerate(counts):
             first, last = s == 0, s == len(counts) - 1

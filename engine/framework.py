@@ -94,6 +94,18 @@ class FrameworkData:
                  max(r["comm_concurrent_us"] / r["comm_alone_us"], 1.0)))
         return Interference(pts, f"measured ({rk} ranks, {comp})")
 
+    def per_op_host_us(self, setting: str) -> dict[str, float]:
+        """Plain eager PyTorch's host cost per aten operator (forward, backward), measured on host-bound runs:
+        the per-layer time slope over the per-layer operator count, averaged over the plain variants."""
+        out: dict[str, float] = {}
+        for phase in ("fwd", "bwd"):
+            vals = [float(r["value_us"]) for r in self.host if r.get("status") == "ok" and r["framework"] == "torch"
+                    and str(r["kind"]).startswith("plain") and r.get("setting") == setting
+                    and r["phase"] == phase and r["quantity"] == "per_op_us" and r["value_us"] > 0]
+            if vals:
+                out[f"{phase}_us"] = sum(vals) / len(vals)
+        return out
+
     def host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
         rows = [r for r in self.host if r.get("status") == "ok" and r["framework"] == framework and r["kind"] == kind
                 and r.get("setting") == setting]
@@ -318,15 +330,92 @@ def fsdp_overhead(s: StageShape, comm: CommFn, inter: Interference, *, reshard: 
 # pipeline schedules
 # ---------------------------------------------------------------------------------------------
 
-def pipeline_time(costs: list[float], m: int, schedule: PipeSchedule) -> float:
-    """One step of fwd+bwd over m micro-batches: stages' per-micro-batch costs (p2p included).
-    1F1B and GPipe share the bubble (pp - 1) x slowest; interleaving v chunks per rank divides it by v."""
-    pp = len(costs)
+def schedule_actions(rank: int, pp: int, m: int, schedule: PipeSchedule) -> list[tuple[str, int, int]]:
+    """The order in which torch.distributed.pipelining's schedules run (F|B, stage, micro-batch) on a rank."""
+    if schedule == PipeSchedule.GPIPE:
+        return [("F", rank, i) for i in range(m)] + [("B", rank, i) for i in range(m)]
+    if schedule == PipeSchedule.ONE_F_ONE_B:  # Schedule1F1B: warm-up of pp - rank forwards, then B/F pairs
+        warm = min(m, pp - rank)
+        out = [("F", rank, i) for i in range(warm)]
+        f, b = warm, 0
+        while b < m:
+            out.append(("B", rank, b))
+            b += 1
+            if f < m:
+                out.append(("F", rank, f))
+                f += 1
+        return out
+    v = INTERLEAVED_CHUNKS  # ScheduleInterleaved1F1B._calculate_single_rank_operations
+    rounds = max(1, m // pp)
+    per_round = m // rounds
+    total = m * v
+    warm = min((v - 1) * per_round + 2 * (pp - 1 - rank), total)
+    nf = {c: 0 for c in range(v)}
+    nb = {c: 0 for c in range(v)}
+    fk = bk = 0
+    out: list[tuple[str, int, int]] = []
+
+    def fwd() -> None:
+        nonlocal fk
+        c = (fk // per_round) % v
+        out.append(("F", rank + c * pp, nf[c]))
+        nf[c] += 1
+        fk += 1
+
+    def bwd() -> None:
+        nonlocal bk
+        c = v - 1 - (bk // per_round) % v
+        out.append(("B", rank + c * pp, nb[c]))
+        nb[c] += 1
+        bk += 1
+
+    for _ in range(warm):
+        fwd()
+    for _ in range(total - warm):
+        fwd()
+        bwd()
+    while bk < total:
+        bwd()
+    return out
+
+
+def pipeline_time(fwd_us: list[float], bwd_us: list[float], pp: int, m: int, schedule: PipeSchedule,
+                  p2p_us: float) -> float:
+    """One step's forward and backward over m micro-batches: an event simulation of the schedule's actions
+    on every rank, with a point-to-point transfer between consecutive stages. fwd_us/bwd_us are per stage
+    (pp of them; pp x chunks under interleaving, stage s on rank s % pp)."""
+    n_stages = len(fwd_us)
     if pp <= 1:
-        return m * costs[0]
-    slow = max(costs)
-    v = INTERLEAVED_CHUNKS if schedule == PipeSchedule.INTERLEAVED else 1
-    return (m - 1) * slow + sum(costs) - (pp - 1) * slow * (1 - 1 / v) if v > 1 else sum(costs) + (m - 1) * slow
+        return m * (fwd_us[0] + bwd_us[0])
+    acts = [schedule_actions(r, pp, m, schedule) for r in range(pp)]
+    done: dict[tuple[str, int, int], float] = {}
+    clock = [0.0] * pp
+    pos = [0] * pp
+    left = sum(len(a) for a in acts)
+    while left:
+        progressed = False
+        for r in range(pp):
+            while pos[r] < len(acts[r]):
+                kind, s, i = acts[r][pos[r]]
+                if kind == "F":
+                    dep = done.get(("F", s - 1, i)) if s > 0 else 0.0
+                    extra = p2p_us if s > 0 else 0.0
+                    cost = fwd_us[s]
+                else:
+                    dep = done.get(("B", s + 1, i)) if s < n_stages - 1 else done.get(("F", s, i))
+                    extra = p2p_us if s < n_stages - 1 else 0.0
+                    cost = bwd_us[s]
+                if dep is None:
+                    break
+                start = max(clock[r], dep + extra)
+                clock[r] = start + cost
+                done[(kind, s, i)] = clock[r]
+                pos[r] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlock")
+    return max(clock)
 
 
 def in_flight_microbatches(stage: int, pp: int, m: int, schedule: PipeSchedule) -> float:

@@ -76,7 +76,7 @@ def stage_memory(graph: Graph, stage: StageWork, par: Parallel, optimizer: str, 
         act_mb = mp.fwd_end_bytes
     acts = int(in_flight * act_mb)
     if par.pp > 1 and stage.last and pipelining_retained_outputs(sched, par.framework):
-        acts += (m - 1) * _logits_bytes(graph, par)
+        acts += m * _logits_bytes(graph, par)  # kept in the stage's output chunks until the step ends
     grads_live = g if m > 1 else 0  # later micro-batches run with the gradients of earlier ones
     head = mp.head_peak_bytes if stage.last else 0
     start_bwd = w + o + grads_live + acts + unsharded + max(head, mp.layer_bwd_transient_bytes if stage.layers else 0)

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,18 @@ from tp_query.schema.signature import TensorSpec
 from .comm import CommModel
 from .compose import Composer, Item, Parallel, PlanError, StageWork
 from .db import Database
-from .framework import (Framework, FrameworkData, HostExtra, Interference, PipeSchedule, StageShape, ddp_overhead,
-                        fsdp_overhead, pipeline_time)
+from .framework import (
+    INTERLEAVED_CHUNKS,
+    Framework,
+    FrameworkData,
+    HostExtra,
+    Interference,
+    PipeSchedule,
+    StageShape,
+    ddp_overhead,
+    fsdp_overhead,
+    pipeline_time,
+)
 from .graph import Graph, Phase, Section, is_graph_json
 from .hostsim import HostModel, simulate
 from .lookup import LatencyModel, Query, Source
@@ -377,6 +387,8 @@ class _Assemble:
         cache = eng.segments_for(comp, par.tp)
         self.raw = []
         self.extras = [self._host_extra_us(st) for st in stages]
+        # the per-operator host costs of plain eager PyTorch, measured (data/<gpu>/framework/), where present
+        self.host_measured = eng.framework.per_op_host_us(self._host_setting())
         for st in stages:
             self.raw.append({
                 "sections": {(ph, sec): cache.section(ph, sec) for ph, parts in
@@ -388,10 +400,17 @@ class _Assemble:
                 "ddp": cache.items_segment(st.ddp, None, "ddp")})
 
     # -- framework ----------------------------------------------------------------------------
+    def _host_setting(self) -> str:
+        """Host costs were measured under autocast (extra casts) and without it."""
+        return "amp_bf16" if self.req.setting.value.startswith("amp") else "bf16"
+
+    def host_model(self, host: HostModel) -> HostModel:
+        return replace(host, **self.host_measured) if self.host_measured else host
+
     def _host_extras(self) -> list[HostExtra]:
         """The framework's measured host costs that apply to this split (DTensor TP, DDP/FSDP2 hooks)."""
         par, fw = self.par, self.par.framework
-        setting = "amp_bf16" if self.req.setting.value.startswith("amp") else "bf16"
+        setting = self._host_setting()
         kinds = []
         if par.tp > 1:
             kinds.append("tp_sp" if par.sequence_parallel else "tp")
@@ -448,6 +467,7 @@ class _Assemble:
 
     def evaluate(self, host: HostModel) -> tuple[float, dict[str, float], list[dict[str, float]], int]:
         """Iteration time (us), breakdown (ms), per-stage times and the critical stage."""
+        host = self.host_model(host)
         par, m = self.par, self.par.micro_batches
         per_stage = [self._stage_times(r, host, e) for r, e in zip(self.raw, self.extras, strict=True)]
         p2p = self.eng.comm.estimate("send_recv", self._p2p_bytes(), 2, spans_hosts=par.tp * par.dp >= 8).us \
@@ -455,7 +475,7 @@ class _Assemble:
         cost = [r["fwd_us"] + r["bwd_us"] + 2 * p2p for r in per_stage]
         crit = int(np.argmax(cost))
         c = per_stage[crit]
-        pipe = pipeline_time(cost, m, PipeSchedule(par.pp_schedule))
+        pipe = self._pipeline_us(per_stage, m, p2p) if par.pp > 1 else m * cost[0]
         fwd_compute = m * c["fwd_gpu_us"]
         bwd_compute = m * c["bwd_gpu_us"]
         tp_comm = m * c["tp_comm_us"]
@@ -530,7 +550,7 @@ class _Assemble:
                     "optimizer_gib": mem.optimizer_bytes / 2**30, "activations_gib": mem.activations_bytes / 2**30,
                     "transient_gib": mem.transient_bytes / 2**30, "buffers_gib": mem.buffers_bytes / 2**30,
                     "capacity_gib": mem.capacity_bytes / 2**30, "margin_gib": mem.margin_bytes / 2**30},
-            sources=sources, warnings=self.warnings, config=self._config(host),
+            sources=sources, warnings=self.warnings, config=self._config(self.host_model(host)),
             tokens_per_s=tokens / (total_us / 1e6),
             stages=[{"stage": s.index, "layers": s.layers, "fwd_ms": r["fwd_us"] / 1e3, "bwd_ms": r["bwd_us"] / 1e3,
                      "opt_ms": r["opt_us"] / 1e3, "peak_memory_gib": mm.peak_bytes / 2**30}
@@ -549,6 +569,25 @@ class _Assemble:
         act_dt = SETTINGS[Setting(self.g.meta.setting)].param_dtype
         seq = self.g.meta.seq_len // (self.par.tp if self.par.sequence_parallel else 1)
         return float(self.g.meta.micro_batch * seq * int(spec.get("hidden_size", 0)) * act_dt.itemsize)
+
+    def _pipeline_us(self, per_stage: list[dict[str, Any]], m: int, p2p: float) -> float:
+        """The schedule's forward/backward time over m micro-batches. Interleaving splits each rank's layers
+        into chunks: stage s of pp x chunks has its share of layers, the embedding on the first, the head
+        on the last (per-layer costs from the ranks' own sections)."""
+        par = self.par
+        sched = PipeSchedule(par.pp_schedule)
+        if sched != PipeSchedule.INTERLEAVED:
+            return pipeline_time([r["fwd_us"] for r in per_stage], [r["bwd_us"] for r in per_stage], par.pp, m,
+                                 sched, p2p)
+        first = self.stage_shape(self.stages[0], per_stage[0])
+        last = self.stage_shape(self.stages[-1], per_stage[-1])
+        n = par.pp * INTERLEAVED_CHUNKS
+        per = sum(s.layers for s in self.stages) // n
+        fwd = [per * first.fwd_layer_us + (first.fwd_embed_us if s == 0 else 0.0) +
+               (last.fwd_head_us if s == n - 1 else 0.0) for s in range(n)]
+        bwd = [per * first.bwd_layer_us + (first.bwd_embed_us if s == 0 else 0.0) +
+               (last.bwd_head_us if s == n - 1 else 0.0) for s in range(n)]
+        return pipeline_time(fwd, bwd, par.pp, m, sched, p2p)
 
     def stage_shape(self, s: StageWork, c: dict[str, Any]) -> StageShape:
         """Per-section compute of one micro-batch (host idle spread in proportion) and parameter bytes."""
