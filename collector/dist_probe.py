@@ -169,7 +169,7 @@ def overlap_campaign(device: torch.device, prov: Any, out: Path | None) -> int:
 # framework host costs
 # ---------------------------------------------------------------------------------------------
 
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+TINY: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
         "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
         "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 1024}
 HOST_KINDS = ("plain", "plain_tp_shard", "ddp", "fsdp_z3", "fsdp_z2", "tp", "tp_sp")
@@ -209,7 +209,8 @@ def _phase_times(kind: str, layers: int, setting: str, device: torch.device, ite
 
         model = DDP(model, device_ids=[device.index], process_group=mesh["dp"].get_group())
     opt = _adamw(list(model.parameters()), device)
-    ids = torch.randint(0, cfg["vocab_size"], (1, 32), device=device)
+    ids = torch.randint(0, int(TINY["vocab_size"]) // (world if kind == "plain_tp_shard" else 1), (1, 32),
+                        device=device)
     pos = torch.arange(32, device=device).unsqueeze(0)
     samples: dict[str, list[float]] = {"fwd": [], "bwd": [], "opt": []}
     counter = _OpCount()

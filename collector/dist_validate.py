@@ -208,8 +208,8 @@ def _adamw(params: list[torch.nn.Parameter], device: torch.device) -> torch.opti
     """The default AdamW; DTensor and plain parameters in separate groups (one foreach call cannot mix them)."""
     from torch.distributed.tensor import DTensor
 
-    groups = [{"params": [p for p in params if isinstance(p, DTensor)]},
-              {"params": [p for p in params if not isinstance(p, DTensor)]}]
+    groups: list[dict[str, Any]] = [{"params": [p for p in params if isinstance(p, DTensor)]},
+                                    {"params": [p for p in params if not isinstance(p, DTensor)]}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=1e-4,
                              foreach=True if device.type == "cpu" else None)
 
@@ -353,7 +353,7 @@ def build_torch_pp(case: DistCase, mesh: Any, device: torch.device) -> Step:
 
     m = case.micro_batches
     if case.kind == "pp_interleaved":
-        sched: Any = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+        sched: Any = ScheduleInterleaved1F1B(list[Any](stages), n_microbatches=m, loss_fn=loss_fn)
     else:
         cls = ScheduleGPipe if case.kind == "pp_gpipe" else Schedule1F1B
         sched = cls(stages[0], n_microbatches=m, loss_fn=loss_fn)

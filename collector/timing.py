@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -179,7 +180,7 @@ class ClosedFormTimer:
 
     LAUNCH_US = 4.0
     BYTES_PER_US = 20_000.0  # 20 GB/s
-    FLOPS_PER_US = {"fp32": 5e4, "tf32": 1e5, "fp16": 2e5, "bf16": 2e5, "fp8": 4e5, "int": 5e4}
+    FLOPS_PER_US: ClassVar[dict[str, float]] = {"fp32": 5e4, "tf32": 1e5, "fp16": 2e5, "bf16": 2e5, "fp8": 4e5, "int": 5e4}
     WARM_SHARE = 0.8  # back-to-back latency relative to the cold one
 
     def latency_us(self, flops: float, nbytes: float, precision: str) -> float:

@@ -42,21 +42,23 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
             precision: str | Setting = Setting.AMP_BF16, dp: int = 1, tp: int = 1, pp: int = 1,
             micro_batch: int = 1, global_batch: int | None = None, seq_len: int = 4096, optimizer: str = "adamw",
             sequence_parallel: bool = False, zero: int = 0, recompute: bool = False, strict: bool = False,
-            with_ops: bool = False) -> Prediction:
+            with_ops: bool = False, framework: str = "torch", pp_schedule: str = "1f1b",
+            ddp_bucket_view: bool = False) -> Prediction:
     cfg, name = _model(model)
     req = PredictRequest(cfg, name, gpu, Setting(precision), dp, tp, pp, micro_batch, global_batch, seq_len,
-                         optimizer, sequence_parallel, zero, recompute, strict, db)
+                         optimizer, sequence_parallel, zero, recompute, strict, db, framework=framework,
+                         pp_schedule=pp_schedule, ddp_bucket_view=ddp_bucket_view)
     return engine(gpu, db).predict(req, with_ops=with_ops)
 
 
 def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, seq_len: int = 4096,
            precisions: list[str | Setting] | None = None, gpu: str = "h200", db: str | None = None,
            tokens: float | None = None, price_per_gpu_hour: float | None = None, optimizer: str = "adamw",
-           micro_batches: tuple[int, ...] = (1, 2, 4, 8)) -> SearchResult:
+           micro_batches: tuple[int, ...] = (1, 2, 4, 8), framework: str = "torch") -> SearchResult:
     cfg, name = _model(model)
     space = SearchSpace(gpus, global_batch, seq_len,
                         tuple(Setting(p) for p in (precisions or [Setting.AMP_BF16])), micro_batches,
-                        optimizer=optimizer)
+                        optimizer=optimizer, framework=framework)
     return _search(engine(gpu, db), cfg, space, tokens, price_per_gpu_hour, name)
 
 

@@ -32,11 +32,15 @@ def _fail(msg: str) -> None:
 GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU type with a database under data/ (e.g. h200)")]
 DbOpt = Annotated[str | None, typer.Option("--db", help="database root: a folder or s3://bucket/prefix")]
 PrecisionOpt = Annotated[Setting, typer.Option("--precision", help="training precision setting")]
+FrameworkOpt = Annotated[str, typer.Option("--framework", help="torch (DDP/FSDP2/DTensor/pipelining) | megatron")]
+PipeOpt = Annotated[str, typer.Option("--pp-schedule", help="1f1b | gpipe | interleaved (2 chunks per rank)")]
+BucketViewOpt = Annotated[bool, typer.Option("--ddp-bucket-view", help="DDP(gradient_as_bucket_view=True)")]
 
 
 def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Setting, seq_len: int, micro_batch: int,
              global_batch: int | None, optimizer: str, sequence_parallel: bool, zero: int, recompute: str,
-             strict: bool, db: str | None) -> Any:
+             strict: bool, db: str | None, framework: str = "torch", pp_schedule: str = "1f1b",
+             ddp_bucket_view: bool = False) -> Any:
     from tp_query.engine.predict import PredictRequest
 
     obj = load_model_file(model)
@@ -50,7 +54,8 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
         raise UserError(f"--global-batch must be a positive integer, got {global_batch}")
     name = model.parent.name if model.name == "config.json" else model.stem
     return PredictRequest(obj, name, gpu, precision, dp, tp, pp, micro_batch, global_batch, seq_len, optimizer,
-                          sequence_parallel, zero, recompute == "full", strict, db)
+                          sequence_parallel, zero, recompute == "full", strict, db, framework=framework,
+                          pp_schedule=pp_schedule, ddp_bucket_view=ddp_bucket_view)
 
 
 def _guard(fn: Any) -> Any:
@@ -82,6 +87,9 @@ def predict(
     strict: Annotated[bool, typer.Option(help="refuse extrapolated or missing operator costs")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
     db: DbOpt = None,
+    framework: FrameworkOpt = "torch",
+    pp_schedule: PipeOpt = "1f1b",
+    ddp_bucket_view: BucketViewOpt = False,
 ) -> None:
     """Predict one training iteration: time, breakdown, peak memory and a fits/OOM verdict."""
     from tp_query.engine.predict import predict as run
@@ -89,7 +97,7 @@ def predict(
 
     def go() -> None:
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
-                       sequence_parallel, zero, recompute, strict, db)
+                       sequence_parallel, zero, recompute, strict, db, framework, pp_schedule, ddp_bucket_view)
         p = run(req)
         if as_json:
             typer.echo(json.dumps(p.to_json(), indent=1, default=float))
@@ -222,6 +230,7 @@ def sigs(
     micro_batch: Annotated[list[int] | None, typer.Option("--micro-batch")] = None,
     tp: Annotated[list[int] | None, typer.Option("--tp")] = None,
     layers: Annotated[int | None, typer.Option(help="override num_hidden_layers (for slices)")] = None,
+    framework: FrameworkOpt = "torch",
 ) -> None:
     """Write a signature file: the exact operator calls of traced configs, for `make collect`."""
 
@@ -230,7 +239,7 @@ def sigs(
         from tp_query.engine.tracecli import signature_entries
 
         entries = signature_entries([load_model_file(m) for m in models], precision or list(Setting),
-                                    seq_len or [4096], micro_batch or [1], tp or [1], layers)
+                                    seq_len or [4096], micro_batch or [1], tp or [1], layers, framework)
         n = write_signature_file(out, entries)
         typer.echo(f"wrote {out}: {n} distinct calls")
 
@@ -253,6 +262,7 @@ def search(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     gpu: GpuOpt = "h200",
     db: DbOpt = None,
+    framework: FrameworkOpt = "torch",
 ) -> None:
     """Search DP/TP/PP, micro-batch, precision, SP, ZeRO and recomputation for N GPUs; rank by speed."""
 
@@ -263,7 +273,7 @@ def search(
 
         precs = list(Setting) if precision and "all" in precision else [Setting(p) for p in (precision or ["amp_bf16"])]
         space = SearchSpace(gpus, global_batch, seq_len, tuple(precs), tuple(micro_batch or (1, 2, 4, 8)),
-                            optimizer=optimizer)
+                            optimizer=optimizer, framework=framework)
         cfg = load_model_file(model)
         err = sys.stderr
 

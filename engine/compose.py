@@ -65,6 +65,10 @@ class Parallel:
             raise PlanError(f"unknown pipeline schedule {self.pp_schedule!r}: 1f1b, gpipe or interleaved")
         if self.framework not in ("torch", "megatron"):
             raise PlanError(f"unknown framework {self.framework!r}: torch or megatron")
+        if self.framework == "megatron" and self.zero >= 2:
+            raise PlanError("Megatron-Core shards optimizer state only (its distributed optimizer): use --zero 1")
+        if self.framework == "megatron" and self.pp_schedule == "gpipe":
+            raise PlanError("Megatron-Core's schedules are 1F1B and interleaved 1F1B, not GPipe")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ framework (data/<gpu>/framework/).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ class Interference:
             return pts[0][1], pts[0][2]
         if nbytes >= pts[-1][0]:
             return pts[-1][1], pts[-1][2]
-        for (b0, c0, m0), (b1, c1, m1) in zip(pts, pts[1:], strict=False):
+        for (b0, c0, m0), (b1, c1, m1) in itertools.pairwise(pts):
             if b0 <= nbytes <= b1:
                 w = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
                 return c0 + w * (c1 - c0), m0 + w * (m1 - m0)
@@ -353,19 +354,19 @@ def schedule_actions(rank: int, pp: int, m: int, schedule: PipeSchedule) -> list
     nf = {c: 0 for c in range(v)}
     nb = {c: 0 for c in range(v)}
     fk = bk = 0
-    out: list[tuple[str, int, int]] = []
+    acts: list[tuple[str, int, int]] = []
 
     def fwd() -> None:
         nonlocal fk
         c = (fk // per_round) % v
-        out.append(("F", rank + c * pp, nf[c]))
+        acts.append(("F", rank + c * pp, nf[c]))
         nf[c] += 1
         fk += 1
 
     def bwd() -> None:
         nonlocal bk
         c = v - 1 - (bk // per_round) % v
-        out.append(("B", rank + c * pp, nb[c]))
+        acts.append(("B", rank + c * pp, nb[c]))
         nb[c] += 1
         bk += 1
 
@@ -376,7 +377,7 @@ def schedule_actions(rank: int, pp: int, m: int, schedule: PipeSchedule) -> list
         bwd()
     while bk < total:
         bwd()
-    return out
+    return acts
 
 
 def pipeline_time(fwd_us: list[float], bwd_us: list[float], pp: int, m: int, schedule: PipeSchedule,

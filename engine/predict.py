@@ -13,7 +13,7 @@ import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from tp_query.schema.gpus import GpuSpec, gpu_spec
@@ -42,7 +42,7 @@ from .hostsim import HostModel, simulate
 from .lookup import LatencyModel, Query, Source
 from .memory import stage_memory
 
-TRACE_VERSION = 4
+TRACE_VERSION = 6
 SYNC_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default")
 OPTIMIZERS = ("adamw", "adamw_fused", "sgd")
 
@@ -125,7 +125,8 @@ def cache_dir() -> Path:
 def _trace_fields(req: PredictRequest) -> dict[str, Any]:
     """What a request's traced graph depends on besides the model (DP, PP and ZeRO do not change it)."""
     return {"setting": req.setting.value, "mb": req.micro_batch, "seq": req.seq_len, "tp": req.tp,
-            "sp": req.sequence_parallel and req.tp > 1, "rc": req.recompute, "opt": req.optimizer}
+            "sp": req.sequence_parallel and req.tp > 1, "rc": req.recompute, "opt": req.optimizer,
+            "fw": req.framework}
 
 
 def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
@@ -158,7 +159,7 @@ def graph_for(req: PredictRequest) -> Graph:
                            "file from `tp-query trace`") from None
     try:
         g = trace_config(TraceRequest(spec, req.setting, req.micro_batch, req.seq_len, req.tp,
-                                      req.sequence_parallel, req.recompute, req.optimizer))
+                                      req.sequence_parallel, req.recompute, req.optimizer, framework=req.framework))
     except TraceError as e:
         raise PredictError(str(e)) from None
     try:
@@ -514,7 +515,7 @@ class _Assemble:
                 if v:
                     source_time[str(SOURCES[i])] += float(v)
             if self.with_ops:
-                seg = raw[name]
+                seg = cast(Segment, raw[name])
                 g, _ = seg.times(host)
                 for it, t, code in zip(seg.items, g, seg.src, strict=True):
                     row = op_rows.setdefault((it.phase.value, it.key), [it, 0, float(t), str(SOURCES[code])])
@@ -631,12 +632,21 @@ class _Assemble:
         shape = self.stage_shape(s, c)
         inter = self.interference()
         torch_fw = par.framework == Framework.TORCH
+        hbm = self.eng.gpu.hbm_bytes_per_s
+        if not torch_fw:
+            # Megatron-Core's DDP as it ships (overlap_grad_reduce=False): after backward, the whole fp32
+            # gradient buffer is scaled by 1/DP and all-reduced (or reduce-scattered for the distributed
+            # optimizer, whose updated parameters are then all-gathered in their own dtype); nothing overlaps
+            buf = 4.0 * s.param_numel
+            scale_us = 2e6 * buf / hbm
+            if par.zero == 0:
+                return scale_us + comm("all_reduce", buf)
+            return scale_us + comm("reduce_scatter", buf) + comm("all_gather", float(s.param_bytes))
         if par.zero == 0:
             return ddp_overhead(shape, comm, inter)
         if par.zero >= 2 and torch_fw:  # FSDP2: every micro-batch gathers and reduce-scatters
             st = SETTINGS[self.req.setting]
             reduce_ratio = 4 / st.param_dtype.itemsize if st.master_weights else 1.0
-            hbm = self.eng.gpu.hbm_bytes_per_s
 
             def copy_us(nbytes: float) -> float:
                 return 2e6 * nbytes / hbm + 3.0 if nbytes > 0 else 0.0

@@ -35,6 +35,7 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] = (False, True)
     optimizer: str = "adamw"
     max_tp: int = 8  # TP stays inside one 8-GPU host
+    framework: str = "torch"  # the stack every candidate runs under (its kernels, buckets, host costs)
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
     for i, c in enumerate(valid):
         req = PredictRequest(model, name, engine.gpu.name, c.precision, c.dp, c.tp, c.pp, c.micro_batch,
                              space.global_batch, space.seq_len, space.optimizer, c.sequence_parallel, c.zero,
-                             c.recompute)
+                             c.recompute, framework=space.framework)
         try:
             engine.graph(req)  # trace (once per graph key) outside the timed evaluation
             te = time.perf_counter()

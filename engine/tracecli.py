@@ -65,7 +65,8 @@ def trace_target(target: str, inputs: str | None, setting: Setting, optimizer: s
 
 
 def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], seqs: list[int], mbs: list[int],
-                      tps: list[int], layers: int | None) -> Iterable[tuple[str, str, bool]]:
+                      tps: list[int], layers: int | None, framework: str = "torch"
+                      ) -> Iterable[tuple[str, str, bool]]:
     """Every distinct operator call (with its TF32 mode) of the traced configs, optimizer included."""
     from .trace.capture import TraceRequest, trace_config
 
@@ -78,7 +79,8 @@ def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], se
             for seq in seqs:
                 for mb in mbs:
                     for tp in tps:
-                        g = trace_config(TraceRequest(spec, s, mb, seq, tp, traced_layers=spec.num_layers))
+                        g = trace_config(TraceRequest(spec, s, mb, seq, tp, traced_layers=spec.num_layers,
+                                                      framework=framework))
                         for o in g.ops:
                             if o.op.startswith("comm."):
                                 continue

@@ -11,6 +11,7 @@ way the caching allocator counts them, which gives the memory profile of the ste
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import time
 import weakref
@@ -56,6 +57,56 @@ class TraceRequest:
     recompute: bool = False
     optimizer: str = "adamw"
     traced_layers: int = 2
+    framework: str = "torch"  # torch: the HuggingFace modules; megatron: Megatron-Core's local GPT spec
+
+
+class MegatronOptimizer:
+    """Megatron-Core's DDP gradient buffer and optimizer as a build without TE or apex runs them: every
+    gradient is added into an fp32 main_grad buffer as backward produces it (DDP's post-hook), the step
+    computes the global gradient norm for clipping (a norm per tensor, each read on the host), steps AdamW
+    on fp32 main parameters (the half parameters' fp32 copies under --bf16/--fp16) and copies them back
+    (`dst.copy_(src * 1.0)`); zero_grad clears the buffer. Clipping itself (a scale of every gradient) runs
+    only when the norm exceeds the threshold: modelled as not taken, the steady state of training."""
+
+    def __init__(self, kind: str, params: list[torch.nn.Parameter], master: bool) -> None:
+        self.params = params
+        self.main_grads = [torch.zeros(p.shape, dtype=torch.float32) for p in params]
+        for p, g in zip(params, self.main_grads, strict=True):
+            p.register_post_accumulate_grad_hook(functools.partial(self._accumulate, g))
+        self.master = [torch.nn.Parameter(p.detach().float()) for p in params] if master else list(params)
+        self.inner = make_optimizer(kind, self.master)
+        self.extra_state = self.main_grads + (self.master if master else [])
+        self.half = master
+
+    @staticmethod
+    def _accumulate(main_grad: torch.Tensor, p: torch.Tensor) -> None:
+        assert p.grad is not None
+        main_grad.add_(p.grad)
+        p.grad = None
+
+    @property
+    def state(self) -> Any:
+        return self.inner.state
+
+    def step(self) -> None:
+        from .models import emit_sync
+
+        for m, g in zip(self.master, self.main_grads, strict=True):
+            m.grad = g
+        norms = [torch.norm(g) for g in self.main_grads]
+        for n in norms:  # torch.tensor(list of CUDA scalars) reads each one on the host
+            emit_sync(n)
+        self.inner.step()
+        if self.half:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.master, strict=True):
+                    p.copy_(m * 1.0)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for g in self.main_grads:
+            g.zero_()
+        for m in self.master:
+            m.grad = None
 
 
 class MasterWeightsOptimizer:
@@ -76,7 +127,7 @@ class MasterWeightsOptimizer:
             m.grad = p.grad.float() if p.grad is not None else None
         self.inner.step()
         with torch.no_grad():
-            torch._foreach_copy_(self.params, self.master)
+            torch._foreach_copy_(list[torch.Tensor](self.params), list[torch.Tensor](self.master))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -312,6 +363,15 @@ def _storage_bytes(tensors: list[torch.Tensor]) -> int:
 
 def _validate(req: TraceRequest) -> None:
     s = req.spec
+    if req.framework not in ("torch", "megatron"):
+        raise TraceError(f"unknown framework {req.framework!r}: torch or megatron")
+    if req.framework == "megatron":
+        if s.family.value != "llama":
+            raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family configs, "
+                             f"not {s.family.value}")
+        if req.sequence_parallel and req.tp > 1:
+            raise TraceError("Megatron-Core's local layer spec refuses sequence parallelism (it needs Transformer "
+                             "Engine or apex norms); use --framework torch or drop --sequence-parallel")
     if req.micro_batch <= 0 or req.seq_len <= 0:
         raise TraceError("micro-batch and sequence length must be positive")
     if req.tp <= 0:
@@ -377,10 +437,15 @@ def trace_config(req: TraceRequest) -> Graph:
     shard = Shard(req.tp, req.sequence_parallel and req.tp > 1, req.recompute)
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     with FakeTensorMode(allow_non_fake_inputs=False):
-        model = _construct(lambda: build_model(spec_t, shard), torch_dtype(st.param_dtype))
+        model = _construct(lambda: build_model(spec_t, shard, req.framework), torch_dtype(st.param_dtype))
         params = [p for p in model.parameters()]
-        opt: Any = MasterWeightsOptimizer(req.optimizer, params) if st.master_weights else \
-            make_optimizer(req.optimizer, params)
+        opt: Any
+        if req.framework == "megatron":
+            opt = MegatronOptimizer(req.optimizer, params, st.master_weights)
+        elif st.master_weights:
+            opt = MasterWeightsOptimizer(req.optimizer, params)
+        else:
+            opt = make_optimizer(req.optimizer, params)
         scaler = torch.amp.GradScaler("cpu") if st.grad_scaler and not st.master_weights else None
         ac_dtype = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
         input_ids = torch.randint(0, req.spec.vocab_size, (req.micro_batch, req.seq_len))
@@ -408,7 +473,7 @@ def trace_config(req: TraceRequest) -> Graph:
                              if isinstance(s.get("step"), torch.Tensor) and req.optimizer != "adamw_fused"])
         cap = _Capture(host_ids, param_section)
         state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-        state += list(getattr(opt, "master", []))
+        state += list(getattr(opt, "extra_state", getattr(opt, "master", [])))
         static = _storage_bytes(params + [t for t in state if t not in host_ids])
         cap.known(params + state + list(model.buffers()) + [input_ids])
         if scaler is not None:
@@ -442,7 +507,7 @@ def trace_config(req: TraceRequest) -> Graph:
         source="config", model=req.spec.to_dict(), setting=req.setting.value, micro_batch=req.micro_batch,
         seq_len=req.seq_len, tp=req.tp, sequence_parallel=shard.sequence_parallel, recompute=req.recompute,
         optimizer=req.optimizer, traced_layers=req.traced_layers, torch_version=torch.__version__,
-        sdpa_policy=sdpa.POLICY_ID, extra={"trace_s": round(time.perf_counter() - t0, 3)},
+        sdpa_policy=sdpa.POLICY_ID, extra={"trace_s": round(time.perf_counter() - t0, 3), "framework": req.framework},
     )
     return Graph(meta, tuple(cap.records), tuple(records_params), mem)
 

@@ -98,8 +98,16 @@ def _dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
     return torch.ops.aten.native_dropout(input, p, train)[0]
 
 
+def _rms_norm(input: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None = None,
+              eps: float | None = None) -> torch.Tensor:
+    """aten::rms_norm as CUDA runs it (layer_norm.cpp): the fused kernel and its backward."""
+    if eps is None:
+        eps = torch.finfo(input.dtype).eps
+    return torch.ops.aten._fused_rms_norm(input, list(normalized_shape), weight, eps)[0]
+
+
 def install() -> None:
-    """Route SDPA and dropout through their CUDA choices for this process (once)."""
+    """Route SDPA, dropout and RMSNorm through their CUDA choices for this process (once)."""
     global _LIB
     if _LIB is not None:
         return
@@ -108,4 +116,5 @@ def install() -> None:
         warnings.simplefilter("ignore")
         lib.impl("scaled_dot_product_attention", _sdpa, "CompositeImplicitAutograd")
         lib.impl("dropout", _dropout, "CompositeImplicitAutograd")
+        lib.impl("rms_norm", _rms_norm, "CompositeImplicitAutograd")
     _LIB = lib

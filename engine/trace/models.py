@@ -542,5 +542,10 @@ class CausalLM(nn.Module):
         return self.head(hidden_states, labels)
 
 
-def build_model(spec: ModelSpec, shard: Shard) -> CausalLM:
+def build_model(spec: ModelSpec, shard: Shard, framework: str = "torch") -> CausalLM:
+    """The module one rank runs: HuggingFace's (PyTorch native stacks) or Megatron-Core's local GPT spec."""
+    if framework == "megatron":
+        from .megatron_local import MegatronGPT
+
+        return MegatronGPT(spec, shard)
     return CausalLM(spec, shard)
