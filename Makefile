@@ -68,9 +68,10 @@ validate-dist: $(NS)/tp_query
 
 # CPU side: fit the host model on the calibration split, compare, write docs/validation.md.
 report: $(STAMP)
-	$(BIN)/tp-query report --gpu $(GPU)
+	$(BIN)/tp-query report --gpu $(GPU) --calibration-out data/$(GPU)/calibration.json
 
 bench: $(STAMP)
+	$(BIN)/python tests/bench/bench_trust.py
 	$(BIN)/python tests/bench/bench_engine.py
 	$(BIN)/python tests/bench/bench_collector.py
 

@@ -96,16 +96,17 @@ def _check_healthy() -> None:
 
 def measure_point(p: Point, device: Device, timer: Timer | ClosedFormTimer, run: int, prov: Provenance
                   ) -> dict[str, Any]:
-    if isinstance(timer, ClosedFormTimer):
-        m = timer.estimate(p.info.flops, p.info.bytes, str(p.info.precision))
-        return _row(p, prov, run, "ok", "", m, (0, 0, 0))
     torch.backends.cuda.matmul.allow_tf32 = p.allow_tf32
     torch.backends.cudnn.allow_tf32 = p.allow_tf32
     fn = None
     c0 = device.clocks()
     try:
-        fn = replay.build(p.call, device.torch_device)
-        m = timer.measure(fn, graph=p.info.family != Family.ATTENTION and not uses_rng(p))
+        fn = replay.build(p.call, device.torch_device)  # what cannot run here fails here, timer or not
+        if isinstance(timer, ClosedFormTimer):
+            fn()  # run once: an operator this device cannot run fails as it would when measured
+            m = timer.estimate(p.info.flops, p.info.bytes, str(p.info.precision))
+        else:
+            m = timer.measure(fn, graph=p.info.family != Family.ATTENTION and not uses_rng(p))
         c1 = device.clocks()
         clocks = (min(c0.sm_mhz, c1.sm_mhz), min(c0.mem_mhz, c1.mem_mhz), c0.throttle | c1.throttle)
         return _row(p, prov, run, "ok", "", m, clocks)
@@ -130,7 +131,7 @@ def run_campaign(points: list[Point], folder: Path, device: Device, *, budget_s:
     prov = device.provenance()
     campaign = points[0].campaign if points else "empty"
     store = ChunkedStore(folder, f"{campaign}-run{run}" if run > 1 else campaign, OPS_SCHEMA, prov)
-    done = store.done_keys(ok_only=retry_errors)
+    done = store.done_keys(ok_only=retry_errors)  # a retried failure replaces its row, never adds one
     todo = [p for p in points if (p.key, run) not in done]
     skipped = len(points) - len(todo)
     timer = timer or Timer(device.torch_device)

@@ -1,18 +1,24 @@
 """The Parquet writing edge. Rows go first to a journal (one JSON line per finished point, flushed
 and fsynced), then in chunks to Parquet files written atomically (temporary file, then rename).
 A killed campaign loses nothing it finished: the next run folds the journal into a chunk first.
+One writer per folder (an exclusive lock); a row that supersedes a failed one for the same key
+replaces it, so reruns never leave two rows for one key. Table folders of a GPU's database keep
+its manifest (checksums) current.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tp_query.schema import manifest
 from tp_query.schema.tables import METADATA_KEY, Provenance
 
 
@@ -39,7 +45,12 @@ def write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema, prove
     meta = dict(schema.metadata or {})
     meta[METADATA_KEY] = provenance.to_json().encode()
     table = pa.Table.from_pylist(rows, schema=schema.with_metadata(meta))
-    tmp = path.with_name("." + path.name + ".tmp")
+    _atomic_write(path, table)
+
+
+def _atomic_write(path: Path, table: pa.Table) -> None:
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     pq.write_table(table, tmp, compression="zstd", compression_level=9)
     os.replace(tmp, path)
 
@@ -68,6 +79,11 @@ class ChunkedStore:
             probe.unlink()
         except OSError as e:
             raise StoreError(f"output folder {folder} is not writable: {e.strerror or e}") from None
+        self._lock = (folder / ".lock").open("w")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError(f"another collector is writing into {folder} (its lock is held)") from None
         self.journal = folder / f".journal-{campaign}.jsonl"
         self.buffer: list[dict[str, Any]] = []
         for p in sorted(folder.glob("*.parquet")):  # refuse to build on a file we cannot read
@@ -93,10 +109,10 @@ class ChunkedStore:
                 rows.append(_decode_row(json.loads(line)))
             except json.JSONDecodeError:
                 continue  # a line cut by a kill mid-write: that point was not finished
-        done = self.done_keys(include_journal=False)
+        done = self.done_keys(include_journal=False, ok_only="status" in self.schema.names)
         rows = [r for r in rows if tuple(r[c] for c in self.key_columns) not in done]
         if rows:
-            write_table(self._next_chunk(), rows, self.schema, self.provenance)
+            self._write_chunk(rows)
         self.journal.unlink()
 
     def done_keys(self, include_journal: bool = True, ok_only: bool = False) -> set[tuple[Any, ...]]:
@@ -124,7 +140,37 @@ class ChunkedStore:
     def flush(self) -> None:
         if not self.buffer:
             return
-        write_table(self._next_chunk(), self.buffer, self.schema, self.provenance)
+        self._write_chunk(self.buffer)
         self.buffer = []
         if self.journal.exists():
             self.journal.unlink()
+
+    def _write_chunk(self, rows: list[dict[str, Any]]) -> None:
+        """Write rows as a new chunk; rows they supersede (failed measurements of the same key) go."""
+        changed = self._drop_superseded({tuple(r[c] for c in self.key_columns) for r in rows})
+        path = self._next_chunk()
+        write_table(path, rows, self.schema, self.provenance)
+        self._record([*changed, path])
+
+    def _drop_superseded(self, keys: set[tuple[Any, ...]]) -> list[Path]:
+        changed = []
+        for p in sorted(self.folder.glob("*.parquet")):
+            cols = list(self.key_columns)
+            t = read_columns(p, cols)
+            hit = [tuple(x) in keys for x in zip(*(t.column(c).to_pylist() for c in cols), strict=True)]
+            if not any(hit):
+                continue
+            full = pq.read_table(p)
+            if "status" in full.column_names and any(st == "ok" for st, h in
+                                                     zip(full.column("status").to_pylist(), hit, strict=True) if h):
+                raise StoreError(f"{p} already holds a successful row for a key being written again")
+            keep = pa.array([not h for h in hit])
+            _atomic_write(p, full.filter(keep))
+            changed.append(p)
+        return changed
+
+    def _record(self, paths: list[Path]) -> None:
+        """Keep the GPU database's manifest current when this folder is one of its tables."""
+        if self.folder.name in manifest.TABLE_DIRS:
+            root = self.folder.parent
+            manifest.record(root, [f"{self.folder.name}/{p.name}" for p in paths], self.provenance.gpu)

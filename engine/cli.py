@@ -37,13 +37,22 @@ PipeOpt = Annotated[str, typer.Option("--pp-schedule", help="1f1b | gpipe | inte
 BucketViewOpt = Annotated[bool, typer.Option("--ddp-bucket-view", help="DDP(gradient_as_bucket_view=True)")]
 
 
-def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Setting, seq_len: int, micro_batch: int,
+def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Setting | None, seq_len: int | None,
+             micro_batch: int | None,
              global_batch: int | None, optimizer: str, sequence_parallel: bool, zero: int, recompute: str,
              strict: bool, db: str | None, framework: str = "torch", pp_schedule: str = "1f1b",
              ddp_bucket_view: bool = False) -> Any:
     from tp_query.engine.predict import PredictRequest
 
     obj = load_model_file(model)
+    meta = obj.get("meta") if obj.get("format", "").startswith("tp-query-graph") else None
+    if isinstance(meta, dict):  # a graph file: what it was traced with, unless asked otherwise (then checked)
+        precision = precision or Setting(meta.get("setting", "amp_bf16"))
+        seq_len = seq_len or int(meta.get("seq_len") or 4096)
+        micro_batch = micro_batch or int(meta.get("micro_batch") or 1)
+    precision = precision or Setting.AMP_BF16
+    seq_len = 4096 if seq_len is None else seq_len
+    micro_batch = 1 if micro_batch is None else micro_batch
     if recompute not in ("none", "full"):
         raise UserError(f"--recompute must be none or full, got {recompute!r}")
     for name, v in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--dp", dp), ("--tp", tp),
@@ -76,9 +85,10 @@ def predict(
     dp: Annotated[int, typer.Option(help="data-parallel degree")] = 1,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
     pp: Annotated[int, typer.Option(help="pipeline-parallel degree")] = 1,
-    precision: PrecisionOpt = Setting.AMP_BF16,
-    seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
-    micro_batch: Annotated[int, typer.Option("--micro-batch")] = 1,
+    precision: Annotated[Setting | None, typer.Option("--precision", help="training precision setting "
+                                                      "(default amp_bf16; a graph file's own)")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help="default 4096 (a graph file's own)")] = None,
+    micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="default 1 (a graph file's own)")] = None,
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="default DP x micro-batch")] = None,
     optimizer: Annotated[str, typer.Option(help="adamw | adamw_fused | sgd")] = "adamw",
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel")] = False,
@@ -112,9 +122,9 @@ def ops(
     model: Annotated[Path, typer.Argument()],
     gpu: GpuOpt = "h200",
     dp: int = 1, tp: int = 1, pp: int = 1,
-    precision: PrecisionOpt = Setting.AMP_BF16,
-    seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
-    micro_batch: Annotated[int, typer.Option("--micro-batch")] = 1,
+    precision: Annotated[Setting | None, typer.Option("--precision")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len")] = None,
+    micro_batch: Annotated[int | None, typer.Option("--micro-batch")] = None,
     global_batch: Annotated[int | None, typer.Option("--global-batch")] = None,
     optimizer: str = "adamw",
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel")] = False,
@@ -154,7 +164,7 @@ def sql(
     from tp_query.engine.report import arrow_table_text
 
     def go() -> None:
-        t = Database(gpu, db, validate=False).sql(query)
+        t = Database(gpu, db).user_sql(query)
         if fmt == "json":
             typer.echo(json.dumps(t.to_pylist(), default=str, indent=1))
         elif fmt == "csv":
@@ -167,6 +177,42 @@ def sql(
             typer.echo(out.getvalue().decode(), nl=False)
         else:
             typer.echo(arrow_table_text(t, limit))
+
+    _guard(go)
+
+
+@db_app.command("verify")
+def db_verify(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
+    """Check every file against the manifest (checksums), its provenance (GPU, schema) and unique keys."""
+    from tp_query.engine.db import Database
+
+    def go() -> None:
+        d = Database(gpu, db)
+        n = sum(len(v) for v in d.tables.values())
+        typer.echo(f"ok: {n} files of {d.base} match the manifest; provenance and keys checked")
+
+    _guard(go)
+
+
+@db_app.command("manifest")
+def db_manifest(
+    adopt: Annotated[bool, typer.Option("--adopt", help="record every file as it is now (trusts them)")] = False,
+    gpu: GpuOpt = "h200",
+    root: Annotated[Path, typer.Option("--root", help="the databases' folder")] = Path("data"),
+) -> None:
+    """Show the manifest, or record the files as they are (--adopt) for a database that has none."""
+    from tp_query.schema import manifest
+
+    def go() -> None:
+        base = root / gpu
+        if not base.is_dir():
+            raise UserError(f"no database folder {base}")
+        if adopt:
+            typer.echo(f"recorded {manifest.adopt(base, gpu)} files in {base / manifest.MANIFEST_NAME}")
+        else:
+            m = manifest.load(base)
+            for rel, e in sorted(m["files"].items()):
+                typer.echo(f"{e['sha256'][:16]}  {e['bytes']:>10}  {rel}")
 
     _guard(go)
 
@@ -357,7 +403,7 @@ def plot(
         elif what == "latency":
             from tp_query.engine.db import Database
 
-            series = P.latency_series(Database(gpu, db, validate=False), kind)
+            series = P.latency_series(Database(gpu, db), kind)
             if not series:
                 raise UserError(f"no measurements of kind {kind!r} in the {gpu} database")
             P.save(P.Chart("lines", f"{kind} latency on {gpu.upper()} by precision",
@@ -375,7 +421,9 @@ def report(
     gpu: GpuOpt = "h200",
     validation: Annotated[Path, typer.Option(help="folder of measured iterations")] = Path("data/validation"),
     out: Annotated[Path, typer.Option(help="markdown report to write")] = Path("docs/validation.md"),
-    fit: Annotated[bool, typer.Option(help="refit the host model on the calibration split and save it")] = True,
+    fit: Annotated[bool, typer.Option(help="fit the host model on the calibration split (from fixed defaults)")] = True,
+    calibration_out: Annotated[Path | None, typer.Option("--calibration-out",
+                                                         help="write the fitted host model here")] = None,
     db: DbOpt = None,
 ) -> None:
     """Compare predictions with measured training iterations; write docs/validation.md and its plot."""
@@ -394,11 +442,15 @@ def report(
         study = Study(eng, rows)
         host = eng.host
         if fit:
-            host = study.fit(eng.host)
-            cal = Path(eng.db.root) / eng.gpu.name / "calibration.json"
-            n = sum(1 for c in study.cases if c.split == "calibration" and c.status == "ok")
-            cal.write_text(json.dumps({**dataclasses.asdict(host), "fitted_on_cases": n,
-                                       "split": "calibration"}, indent=1) + "\n")
+            host = study.fit()
+            if calibration_out is not None:
+                from tp_query.schema import manifest
+
+                n = sum(1 for c in study.cases if c.split == "calibration" and c.status == "ok")
+                calibration_out.write_text(json.dumps({**dataclasses.asdict(host), "fitted_on_cases": n,
+                                                       "split": "calibration"}, indent=1) + "\n")
+                if (calibration_out.parent / manifest.MANIFEST_NAME).is_file():  # part of a database
+                    manifest.record(calibration_out.parent, [calibration_out.name], gpu)
         study.finalize(host)
         summ = summary(study.cases)
         series = []
@@ -422,11 +474,43 @@ def report(
 
 
 def main() -> None:
+    """Every failure is one line and exit code 2; `--debug` (anywhere) or TP_QUERY_DEBUG=1 shows tracebacks."""
+    import os
+
+    debug = "--debug" in sys.argv or os.environ.get("TP_QUERY_DEBUG") == "1"
+    if "--debug" in sys.argv:
+        sys.argv.remove("--debug")
+    import click
+
     try:
-        app()
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:  # usage errors: one line, not click's box
+        typer.echo(f"error: {e.format_message().splitlines()[0] if e.format_message() else type(e).__name__}",
+                   err=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except SystemExit:
+        raise
+    except BaseException as e:  # the last guard: no input may end in a traceback
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):  # a usage error (typer's own click)
+            if getattr(e, "exit_code", 2) == 0:
+                sys.exit(0)
+            typer.echo(f"error: {(e.format_message().splitlines() or [type(e).__name__])[0]}", err=True)
+            sys.exit(2)
+        if debug:
+            raise
+        msg = (str(e).strip().splitlines() or [""])[0][:300]
+        typer.echo(f"error: {type(e).__name__}{': ' + msg if msg else ''} (rerun with --debug for the traceback)",
+                   err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from tp_query.schema.ops import CallInfo, describe
 from tp_query.schema.precision import DType
@@ -50,10 +50,19 @@ class Parallel:
         gb = self.global_batch or self.dp * self.micro_batch
         return gb // (self.dp * self.micro_batch)
 
+    # beyond any cluster or batch anyone plans: bigger is a typo or hostile input
+    LIMITS: ClassVar[dict[str, int]] = {"DP": 1 << 20, "TP": 1 << 12, "PP": 1 << 12, "micro-batch": 1 << 16,
+                                        "global batch": 1 << 31}
+
     def validate(self) -> None:
-        for name, v in (("DP", self.dp), ("TP", self.tp), ("PP", self.pp), ("micro-batch", self.micro_batch)):
-            if v <= 0:
-                raise PlanError(f"{name} must be a positive integer, got {v}")
+        for name, v in (("DP", self.dp), ("TP", self.tp), ("PP", self.pp), ("micro-batch", self.micro_batch),
+                        ("global batch", self.global_batch or self.dp * self.micro_batch)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise PlanError(f"{name} must be a positive integer, got {v!r}")
+            if v > self.LIMITS[name]:
+                raise PlanError(f"{name} {v} is beyond any real job (at most {self.LIMITS[name]})")
+        if self.micro_batches > 1 << 20:
+            raise PlanError(f"{self.micro_batches} micro-batches per step is beyond any real job")
         gb = self.global_batch or self.dp * self.micro_batch
         if gb <= 0 or gb % (self.dp * self.micro_batch):
             raise PlanError(f"global batch {gb} is not a multiple of DP x micro-batch = {self.dp * self.micro_batch}")

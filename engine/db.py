@@ -17,8 +17,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tp_query.schema import manifest
 from tp_query.schema.gpus import GPUS
-from tp_query.schema.tables import METADATA_KEY
+from tp_query.schema.tables import METADATA_KEY, SCHEMA_VERSION
 
 
 class DatabaseError(RuntimeError):
@@ -47,12 +48,25 @@ class DbInfo:
     by_kind: list[tuple[str, str, str, int]]
 
 
-def _check_files(files: list[str]) -> None:
+def _check_files(files: list[str], gpu: str) -> None:
+    """Each file is readable Parquet written for this GPU by a schema this engine reads."""
     for f in files:
         try:
-            pq.read_metadata(f)
+            md = pq.read_metadata(f).metadata or {}
         except Exception as e:
             raise DatabaseError(f"corrupt Parquet file {f}: {str(e).splitlines()[0]}") from None
+        if METADATA_KEY not in md:
+            raise DatabaseError(f"{f}: no tp-query provenance (a foreign file)")
+        try:
+            prov = json.loads(md[METADATA_KEY])
+        except ValueError:
+            raise DatabaseError(f"{f}: unreadable provenance") from None
+        if prov.get("gpu") != gpu:
+            raise DatabaseError(f"{f}: measured on {prov.get('gpu')!r}, not {gpu!r}")
+        if prov.get("schema_version") != SCHEMA_VERSION:
+            raise DatabaseError(f"{f}: schema version {prov.get('schema_version')!r}, this engine reads "
+                                f"{SCHEMA_VERSION}")
+
 
 
 def _arrow(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] | None = None) -> pa.Table:
@@ -66,32 +80,75 @@ def _arrow(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] | N
 
 
 class Database:
-    """Views over one GPU's profile data (a local folder or an s3:// / https:// prefix)."""
+    """Views over one GPU's profile data (a local folder or an s3:// / https:// prefix), verified against
+    the database's manifest (checksums) and its files' provenance before anything reads them."""
 
     def __init__(self, gpu: str, root: Path | str | None = None, validate: bool = True) -> None:
         self.gpu = gpu
         self.root = str(root) if root is not None else str(default_root())
-        self.con = duckdb.connect(":memory:")
-        remote = self.root.startswith(("s3://", "http://", "https://"))
-        if remote:
+        self.con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False})
+        self.remote = self.root.startswith(("s3://", "http://", "https://"))
+        self.tables: dict[str, list[str]] = {}
+        self._locked = False
+        if self.remote:
             self._setup_remote()
             base = f"{self.root.rstrip('/')}/{gpu}"
-            self.ops_glob = f"{base}/ops/*.parquet"
-            self.files = [self.ops_glob]
+            self._open_remote(base, validate)
         else:
             base_p = Path(self.root) / gpu
             if not (base_p / "ops").is_dir():
                 have = available_gpus(Path(self.root))
                 raise DatabaseError(f"no profile database for GPU {gpu!r} under {self.root} "
                                     f"(available: {', '.join(have) or 'none'})")
-            self.files = sorted(glob.glob(str(base_p / "ops" / "*.parquet")))
-            if not self.files:
+            if validate:
+                try:
+                    manifest.verify(base_p, gpu)
+                except manifest.ManifestError as e:
+                    raise DatabaseError(str(e)) from None
+            for d in manifest.TABLE_DIRS:
+                fs = sorted(glob.glob(str(base_p / d / "*.parquet")))
+                if fs:
+                    self.tables[d] = fs
+            if not self.tables.get("ops"):
                 raise DatabaseError(f"the database for {gpu!r} has no Parquet files under {base_p / 'ops'}")
             if validate:
-                _check_files(self.files)
-            self.ops_glob = str(base_p / "ops" / "*.parquet")
+                for fs in self.tables.values():
+                    _check_files(fs, gpu)
             base = str(base_p)
-        self._create_views(base, remote)
+        self.files = self.tables["ops"]
+        self.base = base
+        self._create_views(base)
+        if validate:
+            self._check_keys()
+
+    def _open_remote(self, base: str, validate: bool) -> None:
+        """Object storage: the manifest names the files; each is fetched once and verified by checksum."""
+        url = f"{base}/{manifest.MANIFEST_NAME}"
+        try:
+            text = self.con.execute("SELECT content FROM read_text(?)", [url]).fetchone()
+            m = json.loads(text[0]) if text else None
+            files = m["files"] if isinstance(m, dict) else None
+        except (duckdb.Error, ValueError, KeyError, TypeError) as e:
+            raise DatabaseError(f"cannot read the manifest {url}: {str(e).splitlines()[0]}") from None
+        if not isinstance(files, dict):
+            raise DatabaseError(f"{url} is not a manifest")
+        rels = sorted(r for r in files if r.split("/", 1)[0] in manifest.TABLE_DIRS)
+        if validate:
+            blobs = {}
+            for rel in [*rels, *(r for r in files if r in manifest.TOP_FILES)]:
+                try:
+                    row = self.con.execute("SELECT content FROM read_blob(?)", [f"{base}/{rel}"]).fetchone()
+                except duckdb.Error as e:
+                    raise DatabaseError(f"cannot read {base}/{rel}: {str(e).splitlines()[0]}") from None
+                blobs[rel] = bytes(row[0]) if row else b""
+            try:
+                manifest.verify_remote(blobs, m, base)
+            except manifest.ManifestError as e:
+                raise DatabaseError(str(e)) from None
+        for rel in rels:
+            self.tables.setdefault(rel.split("/", 1)[0], []).append(f"{base}/{rel}")
+        if not self.tables.get("ops"):
+            raise DatabaseError(f"the database at {base} lists no operator files")
 
     def _setup_remote(self) -> None:
         try:
@@ -123,9 +180,11 @@ class Database:
             parts.append(f"USE_SSL {'true' if ep.startswith('https') else 'false'}")
         self.con.execute(f"CREATE OR REPLACE SECRET tpq_s3 ({', '.join(parts)})")
 
-    def _create_views(self, base: str, remote: bool) -> None:
+    def _create_views(self, base: str) -> None:
+        """Views over the verified files; paths travel as values, never inside SQL text."""
         try:
-            self.con.execute(f"CREATE VIEW ops AS SELECT * FROM read_parquet('{self.ops_glob}', union_by_name=true)")
+            for name, files in self.tables.items():
+                self.con.read_parquet(files, union_by_name=True).create_view(name, replace=True)
             self.con.execute("CREATE VIEW ops_ok AS SELECT * FROM ops WHERE status = 'ok' AND run = 1")
             self.con.execute("""CREATE VIEW op_summary AS
                 SELECT family, kind, op, precision, count(*) AS points, median(latency_us) AS median_us,
@@ -137,21 +196,56 @@ class Database:
                 FROM ops_ok a JOIN ops b ON a.key = b.key AND b.run = 2 AND b.status = 'ok'""")
         except duckdb.Error as e:
             raise DatabaseError(f"cannot read the profile database at {base}: {str(e).splitlines()[0]}") from None
-        optional = {"comm": f"{base}/comm/*.parquet",
-                    "overlap": f"{base}/overlap/*.parquet",
-                    "framework": f"{base}/framework/*.parquet",
-                    "validation": f"{base}/../validation/validation-*.parquet",
-                    "oplog": f"{base}/../validation/oplog-*.parquet"}
-        for name, pattern in optional.items():
-            if not remote and not glob.glob(pattern):
-                continue
-            try:
-                self.con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{pattern}', union_by_name=true)")
-            except duckdb.Error:
-                continue
+        if not self.remote:  # measured iterations beside the database (report, SQL)
+            val = Path(base).parent / "validation"
+            for name, pattern in (("validation", "validation-*.parquet"), ("oplog", "oplog-*.parquet")):
+                fs = sorted(glob.glob(str(val / pattern)))
+                if fs:
+                    try:
+                        self.con.read_parquet(fs, union_by_name=True).create_view(name, replace=True)
+                    except duckdb.Error:
+                        continue
+
+    def _check_keys(self) -> None:
+        """One row per (key, run): a duplicate means a file was copied in or a campaign misbehaved."""
+        row = self.con.execute("SELECT key, run, count(*) FROM ops GROUP BY ALL HAVING count(*) > 1 LIMIT 1"
+                               ).fetchone()
+        if row:
+            raise DatabaseError(f"duplicate measurements of one operator call (key {row[0]}, run {row[1]}, "
+                                f"{row[2]} rows) in {self.base}/ops")
 
     # -- queries ------------------------------------------------------------------------------
+    def user_sql(self, query: str) -> pa.Table:
+        """A user's ad-hoc query: exactly one SELECT (or WITH ... SELECT) statement, on a connection that can
+        read only this database's folders, load no extension and change no setting."""
+        try:
+            stmts = duckdb.extract_statements(query)
+        except duckdb.Error as e:
+            raise DatabaseError(f"SQL error: {str(e).splitlines()[0]}") from None
+        if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
+            kinds = ", ".join(str(s.type).split(".")[-1] for s in stmts) or "nothing"
+            raise DatabaseError(f"only one SELECT (or WITH ... SELECT) statement is allowed, got {kinds}")
+        self.lock_down()
+        return self.sql(query)
+
+    def lock_down(self) -> None:
+        """DuckDB's 'Securing DuckDB': no file access outside the database, no extensions, settings locked."""
+        if self._locked:
+            return
+        try:
+            if not self.remote:
+                base = Path(self.base).resolve()
+                roots = [f"{base}/", f"{(base.parent / 'validation').resolve()}/"]
+                self.con.execute("SET allowed_directories = ?", [roots])
+                self.con.execute("SET enable_external_access = false")
+            self.con.execute("SET autoload_known_extensions = false")
+            self.con.execute("SET lock_configuration = true")
+        except duckdb.Error as e:
+            raise DatabaseError(f"cannot lock the SQL connection down: {str(e).splitlines()[0]}") from None
+        self._locked = True
+
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
+
         try:
             return _arrow(self.con, query, params)
         except duckdb.Error as e:

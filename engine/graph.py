@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -118,14 +120,17 @@ class Graph:
         return Graph(meta, ops, params, MemoryProfile(**obj["memory"]))
 
     def save(self, path: str | Path) -> None:
+        """Atomically, through a temporary file of this writer's own (concurrent writers never collide)."""
         p = Path(path)
         data = json.dumps(self.to_json(), separators=(",", ":")).encode()
-        tmp = p.with_name(p.name + ".tmp")
-        if p.suffix == ".gz":
-            tmp.write_bytes(gzip.compress(data, 6))
-        else:
-            tmp.write_bytes(data)
-        tmp.replace(p)
+        fd, tmp = tempfile.mkstemp(prefix="." + p.name + ".", suffix=".tmp", dir=p.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(gzip.compress(data, 6) if p.suffix == ".gz" else data)
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     @staticmethod
     def load(path: str | Path) -> Graph:

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used (one line for the user)."""
 
 
 @dataclass(frozen=True)
@@ -33,8 +38,26 @@ class HostModel:
 
     @staticmethod
     def load(path: Path) -> HostModel:
-        d = json.loads(path.read_text())
-        return HostModel(**{k: float(v) for k, v in d.items() if k in HostModel.__dataclass_fields__})
+        """A calibration file, validated: every constant present, a finite number, >= 0 (beta <= 1)."""
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CalibrationError(f"unreadable calibration {path}: {e}") from None
+        return HostModel.from_dict(d, str(path))
+
+    @staticmethod
+    def from_dict(d: object, where: str) -> HostModel:
+        if not isinstance(d, dict):
+            raise CalibrationError(f"calibration {where} is not a JSON object")
+        vals: dict[str, float] = {}
+        for k in HostModel.__dataclass_fields__:
+            v = d.get(k)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise CalibrationError(f"calibration {where}: {k} must be a finite number >= 0, got {v!r}")
+            if k == "beta" and v > 1:
+                raise CalibrationError(f"calibration {where}: beta must be within [0, 1], got {v!r}")
+            vals[k] = float(v)
+        return HostModel(**vals)
 
 
 @dataclass(frozen=True)

@@ -85,11 +85,22 @@ def stage_memory(graph: Graph, stage: StageWork, par: Parallel, optimizer: str, 
     # DDP allocates its buckets when it wraps the model; gradient_as_bucket_view makes .grad views into them
     ddp_buckets = g if par.dp > 1 and par.zero == 0 and par.framework == "torch" else 0
     at_opt = w + o + (0 if ddp_buckets and par.ddp_bucket_view else g) + opt_transient
-    buffers = WORKSPACE_BYTES + ddp_buckets
+    buffers = WORKSPACE_BYTES + ddp_buckets + _megatron_attention_buffer(graph, par)
     peak = max(start_bwd, at_opt) + buffers
     capacity = int((gpu.memory_bytes - gpu.context_bytes) * (1 - FRAGMENTATION))
     transient = max(head, mp.layer_bwd_transient_bytes, opt_transient)
     return MemoryBreakdown(w, g, o, acts + unsharded, transient, buffers, int(peak), capacity, peak <= capacity)
+
+
+def _megatron_attention_buffer(graph: Graph, par: Parallel) -> int:
+    """Megatron-Core's unfused core attention writes its scores into a persistent global memory buffer
+    ([b x heads/TP, s, s] in the activations' dtype), allocated at the first step and kept."""
+    if par.framework != "megatron":
+        return 0
+    st = SETTINGS[Setting(graph.meta.setting)]
+    heads = int(graph.meta.model.get("num_heads", 0)) // max(par.tp, 1)
+    s = graph.meta.seq_len
+    return graph.meta.micro_batch * heads * s * s * st.param_dtype.itemsize
 
 
 def _logits_bytes(graph: Graph, par: Parallel) -> int:

@@ -38,13 +38,15 @@ from .framework import (
     pipeline_time,
 )
 from .graph import Graph, Phase, Section, is_graph_json
-from .hostsim import HostModel, simulate
+from .hostsim import CalibrationError, HostModel, simulate
 from .lookup import LatencyModel, Query, Source
 from .memory import stage_memory
 
-TRACE_VERSION = 6
+TRACE_VERSION = 7
 SYNC_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default")
 OPTIMIZERS = ("adamw", "adamw_fused", "sgd")
+MAX_SEQ = 1 << 22  # 4M tokens of context
+MAX_TOKENS = 1 << 24  # tokens in one micro-batch
 
 
 class PredictError(ValueError):
@@ -129,17 +131,54 @@ def _trace_fields(req: PredictRequest) -> dict[str, Any]:
             "fw": req.framework}
 
 
+def _torch_version() -> str:
+    """The tracer's torch without importing it (a cached graph must not outlive the torch that traced it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "none"
+
+
+def _project_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tp-query")
+    except PackageNotFoundError:
+        return "source"
+
+
 def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
-    body = json.dumps({"spec": spec.to_dict(), **_trace_fields(req), "v": TRACE_VERSION}, sort_keys=True)
+    body = json.dumps({"spec": spec.to_dict(), **_trace_fields(req), "v": TRACE_VERSION, "torch": _torch_version(),
+                       "project": _project_version()}, sort_keys=True)
     return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
 
 
 def graph_for(req: PredictRequest) -> Graph:
     if is_graph_json(req.model):
-        g = Graph.from_json(req.model)
-        if req.tp > 1 or req.pp > 1:
-            if g.meta.source == "module":
-                raise PredictError("a traced module runs as traced: use --tp 1 --pp 1 (DP and ZeRO are fine)")
+        try:
+            g = Graph.from_json(req.model)
+        except (TypeError, ValueError, KeyError) as e:
+            raise PredictError(f"not a valid graph file: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                               ) from None
+        if (req.tp > 1 or req.pp > 1) and g.meta.source == "module":
+            raise PredictError("a traced module runs as traced: use --tp 1 --pp 1 (DP and ZeRO are fine)")
+        traced = {"precision": g.meta.setting, "seq-len": g.meta.seq_len, "micro-batch": g.meta.micro_batch,
+                  "tp": g.meta.tp, "sequence-parallel": g.meta.sequence_parallel, "recompute": g.meta.recompute,
+                  "optimizer": g.meta.optimizer, "framework": g.meta.extra.get("framework", "torch")}
+        asked = {"precision": req.setting.value, "seq-len": req.seq_len, "micro-batch": req.micro_batch,
+                 "tp": req.tp, "sequence-parallel": req.sequence_parallel and req.tp > 1,
+                 "recompute": req.recompute, "optimizer": req.optimizer, "framework": req.framework}
+        if g.meta.source == "module":  # a user's module: its own shapes; tp is 1 by construction
+            for k in ("seq-len", "micro-batch"):
+                traced.pop(k)
+                asked.pop(k)
+        diff = [f"--{k} {asked[k]} (graph: {traced[k]})" for k in traced if asked[k] != traced[k]]
+        if diff:
+            raise PredictError("a graph file answers only for what it was traced with: " + ", ".join(diff) +
+                               "; pass the graph's values or trace again")
         return g
     try:
         spec = parse_config(req.model, req.model_name)
@@ -217,9 +256,26 @@ class Engine:
         return self._segments[k]
 
     def _host_model(self, db_root: str | None) -> HostModel:
-        root = Path(db_root) if db_root and "://" not in db_root else Path(self.db.root)
-        p = root / self.gpu.name / "calibration.json"
-        return HostModel.load(p) if p.exists() else HostModel()
+        """The database's calibration (local or in object storage), validated; defaults when it has none."""
+        root = db_root or self.db.root
+        try:
+            if "://" in str(root):
+                url = f"{str(root).rstrip('/')}/{self.gpu.name}/calibration.json"
+                try:
+                    text = self.db.sql("SELECT content FROM read_text(?)", [url]).to_pylist()[0]["content"]
+                except Exception:
+                    self.calibration_source = f"default constants (no calibration at {url})"
+                    return HostModel()
+                self.calibration_source = url
+                return HostModel.from_dict(json.loads(text), url)
+            p = Path(root) / self.gpu.name / "calibration.json"
+            if not p.exists():
+                self.calibration_source = f"default constants (no calibration at {p})"
+                return HostModel()
+            self.calibration_source = str(p)
+            return HostModel.load(p)
+        except (CalibrationError, ValueError) as e:
+            raise PredictError(str(e).splitlines()[0]) from None
 
     def _comm_table(self) -> list[dict[str, Any]]:
         return self._optional_table("comm")
@@ -242,6 +298,11 @@ class Engine:
             raise PredictError(str(e)) from None
         if req.optimizer not in OPTIMIZERS:
             raise PredictError(f"unknown optimizer {req.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        if isinstance(req.seq_len, bool) or not isinstance(req.seq_len, int) or not 0 < req.seq_len <= MAX_SEQ:
+            raise PredictError(f"sequence length must be an integer in 1..{MAX_SEQ}, got {req.seq_len!r}")
+        if req.seq_len * req.micro_batch > MAX_TOKENS:
+            raise PredictError(f"micro-batch x sequence = {req.seq_len * req.micro_batch} tokens is beyond any real "
+                               f"micro-batch (at most {MAX_TOKENS})")
         g = graph or self.graph(req)
         comp = self.composer(g)
         try:
@@ -541,6 +602,8 @@ class _Assemble:
             self.warnings.append(f"communication uses the alpha-beta model where not measured ({cover}; NVLink "
                                  f"{self.eng.gpu.nvlink_bytes_per_s / 1e9:.0f} GB/s, "
                                  f"IB {self.eng.gpu.ib_bytes_per_s / 1e9:.0f} GB/s per GPU)")
+        if self.eng.calibration_source.startswith("default"):
+            self.warnings.append(f"host model: {self.eng.calibration_source}")
         if self.req.strict and (sources.get("extrapolated", 0) > 0 or sources.get("miss", 0) > 0):
             raise PredictError(f"--strict: {sources['extrapolated'] + sources['miss']:.1%} of the time would come "
                                "from extrapolation or misses")
@@ -668,7 +731,12 @@ class _Assemble:
                 "global_batch": r.global_batch or par.dp * par.micro_batch, "micro_batches": par.micro_batches,
                 "seq_len": self.g.meta.seq_len, "optimizer": r.optimizer, "sequence_parallel": par.sequence_parallel,
                 "zero": par.zero, "recompute": "full" if par.recompute else "none", "gpus": par.gpus,
-                "layers": self.g.meta.model.get("num_layers"), "host_model": asdict(host)}
+                "layers": self.g.meta.model.get("num_layers"), "host_model": asdict(host),
+                "calibration": self.eng.calibration_source, "framework": par.framework,
+                "pp_schedule": par.pp_schedule,
+                "framework_data": {"interference": self.interference().source,
+                                   "host_costs": sorted({e.source for e in self._host_extras()}) or ["none"],
+                                   "per_op_host": "measured" if self.host_measured else "calibration"}}
 
     def _op_rows(self, rows: dict[tuple[str, str], list[Any]]) -> list[OpRow]:
         out = []

@@ -131,10 +131,15 @@ def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate,
 def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: float | None = None,
            price_per_gpu_hour: float | None = None, name: str = "model",
            progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    if space.gpus <= 0 or space.global_batch <= 0 or space.seq_len <= 0:
-        raise SearchError("--gpus, --global-batch and --seq-len must be positive")
+    for what, v, top in (("--gpus", space.gpus, 1 << 20), ("--global-batch", space.global_batch, 1 << 31),
+                         ("--seq-len", space.seq_len, 1 << 22)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= top:
+            raise SearchError(f"{what} must be an integer in 1..{top}, got {v!r}")
     if not space.precisions:
         raise SearchError("the precision list is empty")
+    if not space.micro_batches or any(isinstance(m, bool) or not isinstance(m, int) or not 0 < m <= 1 << 16
+                                      for m in space.micro_batches):
+        raise SearchError(f"--micro-batch candidates must be integers in 1..{1 << 16}, got {list(space.micro_batches)}")
     spec = parse_config(model, name)
     t0 = time.perf_counter()
     ranked: list[Outcome] = []

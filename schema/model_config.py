@@ -8,8 +8,8 @@ Anything else is refused with a clear message (a user can still `tp-query trace`
 
 from __future__ import annotations
 
-import gzip
 import json
+import zlib
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -102,16 +102,40 @@ def _need(cfg: dict[str, Any], *keys: str, default: Any = ...) -> Any:
     return default
 
 
+# Upper bounds of what any real model has (with ample room): a bigger value is a typo or hostile input,
+# and would make the tracer allocate or loop without end.
+DIM_LIMITS: dict[str, int] = {
+    "hidden_size": 1 << 17, "n_embd": 1 << 17, "num_attention_heads": 4096, "n_head": 4096,
+    "num_key_value_heads": 4096, "head_dim": 4096, "num_hidden_layers": 1024, "n_layer": 1024,
+    "vocab_size": 1 << 23, "intermediate_size": 1 << 20, "n_inner": 1 << 20,
+    "max_position_embeddings": 1 << 24, "n_positions": 1 << 24, "sliding_window": 1 << 24,
+}
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; graph files from `tp-query trace` a few MB
+MAX_GRAPH_BYTES = 512 << 20  # after decompression
+
+
 def _pos_int(name: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+    limit = DIM_LIMITS.get(name)
+    if limit is not None and v > limit:
+        raise ConfigError(f"{name} {v} is beyond any real model (at most {limit})")
     return v
 
 
 def _nonneg_float(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != v:
-        raise ConfigError(f"{name} must be a non-negative number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or v != v or v == float("inf"):
+        raise ConfigError(f"{name} must be a finite non-negative number, got {v!r}")
     return float(v)
+
+
+def _bool(name: str, v: Any, default: bool) -> bool:
+    """JSON booleans only: the string "false" is not false."""
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ConfigError(f"{name} must be true or false, got {v!r}")
+    return v
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, str]:
@@ -162,7 +186,7 @@ def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
             hidden_act=str(_need(cfg, "activation_function", default="gelu_new")),
             norm_eps=_nonneg_float("layer_norm_epsilon", _need(cfg, "layer_norm_epsilon", default=1e-5)),
             qkv_bias=True, o_bias=True, mlp_bias=True,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            tie_word_embeddings=_bool("tie_word_embeddings", cfg.get("tie_word_embeddings"), True),
             max_position_embeddings=_pos_int("n_positions", _need(cfg, "n_positions", "max_position_embeddings",
                                                                   default=1024)),
             attention_dropout=_nonneg_float("attn_pdrop", cfg.get("attn_pdrop", 0.1)),
@@ -197,10 +221,10 @@ def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
             intermediate_size=_pos_int("intermediate_size", _need(cfg, "intermediate_size")),
             hidden_act=act,
             norm_eps=_nonneg_float("rms_norm_eps", _need(cfg, "rms_norm_eps", default=1e-6)),
-            qkv_bias=True if qwen else bool(cfg.get("attention_bias", False)),
-            o_bias=False if qwen else bool(cfg.get("attention_bias", False)),
-            mlp_bias=False if qwen else bool(cfg.get("mlp_bias", False)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=True if qwen else _bool("attention_bias", cfg.get("attention_bias"), False),
+            o_bias=False if qwen else _bool("attention_bias", cfg.get("attention_bias"), False),
+            mlp_bias=False if qwen else _bool("mlp_bias", cfg.get("mlp_bias"), False),
+            tie_word_embeddings=_bool("tie_word_embeddings", cfg.get("tie_word_embeddings"), False),
             max_position_embeddings=_pos_int("max_position_embeddings",
                                              _need(cfg, "max_position_embeddings", default=4096)),
             rope_theta=theta, rope_type=rtype,
@@ -212,24 +236,37 @@ def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
     return spec
 
 
+def _no_constant(name: str) -> Any:
+    raise ConfigError(f"{name} is not a JSON number (NaN and Infinity are refused)")
+
+
 def load_model_file(path: str | Path) -> dict[str, Any]:
     """Read a JSON model file (a HF config or a tp-query graph); errors are one line."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as f:  # bounded: /dev/zero or a huge file is refused, not read
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, not a model file")
         if raw[:2] == b"\x1f\x8b":  # a gzipped graph from `tp-query trace -o graph.json.gz`
-            raw = gzip.decompress(raw)
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            raw = d.decompress(raw, MAX_GRAPH_BYTES + 1)
+            if len(raw) > MAX_GRAPH_BYTES or d.unconsumed_tail:
+                raise ConfigError(f"{path}: decompresses beyond {MAX_GRAPH_BYTES >> 20} MiB, not a graph file")
         text = raw.decode()
     except FileNotFoundError:
         raise ConfigError(f"model file not found: {path}") from None
-    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile) as e:
-        raise ConfigError(f"cannot read model file {path}: {e}") from None
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error) as e:
+        raise ConfigError(f"cannot read model file {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                          ) from None
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:  # the C parser's own depth guard
+        raise ConfigError(f"{path}: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return obj

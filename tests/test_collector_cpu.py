@@ -154,3 +154,31 @@ def test_real_kill_minus_9_loses_nothing_and_duplicates_nothing(tmp_path: Path) 
     assert len(keys) == len(set(keys)) and {k for k, _ in keys} == planned
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)  # a third run adds nothing
     assert r.returncode == 0 and len(_rows(out)) == len(rows)
+
+
+def test_three_reruns_give_the_same_rows_and_a_valid_manifest(tmp_path: Path) -> None:
+    """Reruns, retries of failed points and the repeat sample never add a second row for a key and run."""
+    from tp_query.schema import manifest
+
+    out = tmp_path / "cpu" / "ops"
+    base = ["collect", "--gpu", "cpu", "--grid", "--tiny", "2", "--kinds", "mm,elementwise,attn_cudnn_fwd",
+            "--out", str(out), "--quiet", "--timer", "closed-form", "--repeat-fraction", "0.5"]
+    snapshots = []
+    for extra in ([], ["--retry-errors"], ["--retry-errors"]):
+        r = run_collector(*base, *extra)
+        assert r.returncode == 0, r.stderr
+        rows = _rows(out)
+        keys = [(x["key"], x["run"]) for x in rows]
+        assert len(keys) == len(set(keys))
+        snapshots.append(sorted((x["key"], x["run"], x["status"]) for x in rows))
+    assert snapshots[0] == snapshots[1] == snapshots[2]
+    assert any(s == "unsupported" for _, _, s in snapshots[0]) and any(r == 2 for _, r, _ in snapshots[0])
+    assert manifest.verify(out.parent, "cpu") == len(list(out.glob("*.parquet")))
+
+
+def test_one_collector_per_folder(tmp_path: Path) -> None:
+    prov = Device(cpu=True).provenance()
+    first = ChunkedStore(tmp_path, "grid", OPS_SCHEMA, prov)
+    with pytest.raises(StoreError, match="another collector is writing"):
+        ChunkedStore(tmp_path, "grid", OPS_SCHEMA, prov)
+    del first

@@ -89,6 +89,11 @@ def test_corrupt_database_file(cpu_db: Path, tmp_path: Path) -> None:
     bad = tmp_path / "db"
     shutil.copytree(cpu_db / "cpu", bad / "cpu")
     (bad / "cpu" / "ops" / "zz.parquet").write_bytes(b"garbage")
+    with pytest.raises(DatabaseError, match=r"zz\.parquet: not in the manifest"):
+        Database("cpu", bad)
+    from tp_query.schema import manifest
+
+    manifest.adopt(bad / "cpu", "cpu")  # even once recorded, an unreadable file is named, never skipped
     with pytest.raises(DatabaseError, match="corrupt Parquet file"):
         Database("cpu", bad)
 
@@ -111,3 +116,44 @@ def test_graph_file_as_model(eng: Engine, tmp_path: Path) -> None:
     p1 = eng.predict(r)
     p2 = eng.predict(req(model=json.loads(path.read_text())))
     assert p2.iteration_ms == pytest.approx(p1.iteration_ms)
+
+
+def test_framework_and_data_parallel_flavours(eng: Engine) -> None:
+    ddp = eng.predict(req(dp=2))
+    view = eng.predict(req(dp=2, ddp_bucket_view=True))
+    z2 = eng.predict(req(dp=2, zero=2))
+    z3 = eng.predict(req(dp=2, zero=3))
+    assert view.peak_memory_gib <= ddp.peak_memory_gib
+    assert z3.peak_memory_gib < z2.peak_memory_gib < ddp.peak_memory_gib  # FSDP2 shards weights either way
+    assert z3.breakdown["dp_comm_ms"] >= z2.breakdown["dp_comm_ms"] > 0  # ZeRO-3 gathers again in backward
+    assert ddp.config["framework"] == "torch" and ddp.config["calibration"]
+    assert ddp.config["framework_data"]["interference"] == "none"  # this database measured no overlap
+    mp = eng.predict(req(dp=2, zero=3, setting=Setting.MP_BF16))
+    bf = eng.predict(req(dp=2, zero=3, setting=Setting.BF16))
+    assert mp.memory["optimizer_gib"] > bf.memory["optimizer_gib"]  # fp32 master weights and moments
+
+
+def test_megatron_core_is_its_own_graph_and_refuses_what_it_cannot_run(eng: Engine) -> None:
+    pytest.importorskip("torch")
+    mc = eng.predict(req(setting=Setting.MP_BF16, framework="megatron"), with_ops=True)
+    ops = {r.op for r in mc.ops}
+    assert "aten.baddbmm.default" in ops and "aten._fused_rms_norm.default" in ops  # unfused core attention
+    torch_ops = {r.op for r in eng.predict(req(setting=Setting.BF16), with_ops=True).ops}
+    assert "aten.baddbmm.default" not in torch_ops
+    dp = eng.predict(req(dp=2, setting=Setting.MP_BF16, framework="megatron"))
+    dist = eng.predict(req(dp=2, zero=1, setting=Setting.MP_BF16, framework="megatron"))
+    assert dp.breakdown["dp_comm_ms"] > 0 and dist.memory["optimizer_gib"] < dp.memory["optimizer_gib"]
+    for kw, msg in ((dict(dp=2, zero=3), "distributed optimizer"), (dict(tp=2, sequence_parallel=True), "sequence"),
+                    (dict(pp=2, global_batch=4, pp_schedule="gpipe"), "GPipe")):
+        with pytest.raises(PredictError, match=msg):
+            eng.predict(req(setting=Setting.MP_BF16, framework="megatron", **kw))
+
+
+def test_pipeline_schedules(eng: Engine) -> None:
+    one = eng.predict(req(pp=2, global_batch=8))
+    gpipe = eng.predict(req(pp=2, global_batch=8, pp_schedule="gpipe"))
+    inter = eng.predict(req(pp=2, global_batch=8, pp_schedule="interleaved"))
+    assert gpipe.peak_memory_gib > one.peak_memory_gib  # every micro-batch's activations in flight
+    assert inter.config["pp_schedule"] == "interleaved" and inter.iteration_ms > 0
+    with pytest.raises(PredictError, match="interleaved"):
+        eng.predict(req(pp=3, global_batch=6, pp_schedule="interleaved"))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from tp_query.engine.api import predict as api_predict
 from tp_query.engine.api import search as api_search
+from tp_query.engine.db import DatabaseError
 from tp_query.engine.predict import Engine
 from tp_query.engine.search import SearchError, SearchSpace, search
 from tp_query.schema.precision import Setting
@@ -114,10 +115,18 @@ def s3_server() -> str:
 def test_database_on_object_storage(s3_server: str, cpu_db: Path, tmp_path: Path) -> None:
     """A fleet shares one database in object storage; DuckDB reads it in place through httpfs."""
     import boto3
+    from tp_query.schema import manifest
 
     s3 = boto3.client("s3", endpoint_url=s3_server)
-    for f in sorted((cpu_db / "cpu" / "ops").glob("*.parquet")):
-        s3.upload_file(str(f), "fleet", f"profiles/cpu/ops/{f.name}")
+    base = cpu_db / "cpu"
+    cal = json.dumps({"fwd_us": 12.0, "bwd_us": 6.0, "opt_us": 15.0, "per_tensor_us": 1.0,
+                      "per_iteration_us": 300.0, "beta": 0.5})
+    s3.put_object(Bucket="fleet", Key="profiles/cpu/calibration.json", Body=cal.encode())
+    m = manifest.load(base)
+    m["files"]["calibration.json"] = {"sha256": manifest.sha256_bytes(cal.encode()), "bytes": len(cal)}
+    s3.put_object(Bucket="fleet", Key="profiles/cpu/manifest.json", Body=json.dumps(m).encode())
+    for rel in manifest.tracked_files(base):
+        s3.upload_file(str(base / rel), "fleet", f"profiles/cpu/{rel}")
     try:
         remote = Engine("cpu", "s3://fleet/profiles")
     except Exception as e:  # httpfs must be installable (it is downloaded once by DuckDB)
@@ -131,5 +140,14 @@ def test_database_on_object_storage(s3_server: str, cpu_db: Path, tmp_path: Path
     from tp_query.engine.predict import PredictRequest
 
     req = PredictRequest(TINY_LLAMA, "tiny", "cpu", Setting.AMP_BF16, seq_len=64)
-    assert remote.predict(req).iteration_ms == pytest.approx(local.predict(req).iteration_ms)
+    p = remote.predict(req)
+    assert p.config["calibration"] == "s3://fleet/profiles/cpu/calibration.json"  # read from the bucket too
+    assert p.iteration_ms > 0
+    # a damaged object is named, as a local file would be
+    rel = manifest.tracked_files(base)[0]
+    data = bytearray((base / rel).read_bytes())
+    data[len(data) // 2] ^= 0x10
+    s3.put_object(Bucket="fleet", Key=f"profiles/cpu/{rel}", Body=bytes(data))
+    with pytest.raises(DatabaseError, match=f"{rel}: checksum mismatch"):
+        Engine("cpu", "s3://fleet/profiles")
     shutil.rmtree(tmp_path, ignore_errors=True)

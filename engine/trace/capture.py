@@ -73,9 +73,10 @@ class MegatronOptimizer:
         self.main_grads = [torch.zeros(p.shape, dtype=torch.float32) for p in params]
         for p, g in zip(params, self.main_grads, strict=True):
             p.register_post_accumulate_grad_hook(functools.partial(self._accumulate, g))
-        self.master = [torch.nn.Parameter(p.detach().float()) for p in params] if master else list(params)
+        self.master: list[torch.nn.Parameter] = \
+            [torch.nn.Parameter(p.detach().float()) for p in params] if master else list(params)
         self.inner = make_optimizer(kind, self.master)
-        self.extra_state = self.main_grads + (self.master if master else [])
+        self.extra_state: list[torch.Tensor] = [*self.main_grads, *(self.master if master else [])]
         self.half = master
 
     @staticmethod

@@ -106,6 +106,17 @@ def _rms_norm(input: torch.Tensor, normalized_shape: list[int], weight: torch.Te
     return torch.ops.aten._fused_rms_norm(input, list(normalized_shape), weight, eps)[0]
 
 
+def _fused_rms_norm_cpu(input: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None = None,
+                        eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A backend kernel for CUDA's fused RMSNorm (output, fp32 rstd): with one, autograd records the op itself
+    and its fused backward, as CUDA runs them, instead of the CPU build's decomposition."""
+    dims = tuple(range(input.dim() - len(normalized_shape), input.dim()))
+    x = input.float()
+    rstd = torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + (eps if eps is not None else torch.finfo(input.dtype).eps))
+    out = (x * rstd).to(input.dtype)
+    return (out * weight if weight is not None else out), rstd
+
+
 def install() -> None:
     """Route SDPA, dropout and RMSNorm through their CUDA choices for this process (once)."""
     global _LIB
@@ -117,4 +128,5 @@ def install() -> None:
         lib.impl("scaled_dot_product_attention", _sdpa, "CompositeImplicitAutograd")
         lib.impl("dropout", _dropout, "CompositeImplicitAutograd")
         lib.impl("rms_norm", _rms_norm, "CompositeImplicitAutograd")
+        lib.impl("_fused_rms_norm", _fused_rms_norm_cpu, "CPU")
     _LIB = lib

@@ -1,0 +1,298 @@
+"""Fault injection: bad input, corrupt or foreign data and hostile SQL never give a silent wrong answer.
+
+Every bad-input class ends in exit code 2 with one line on stderr, no traceback, under a 2 GiB address-space
+limit (bounded memory). Every bit flipped in the shipped database is caught by the manifest before anything
+reads it. Every SQL escape is refused. The counts are in the README.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from tp_query.engine.db import Database, DatabaseError
+from tp_query.schema import manifest
+
+from .conftest import ROOT, TINY_LLAMA
+
+LLAMA = json.loads((ROOT / "examples" / "llama3.1-8b.json").read_text())
+MEM_LIMIT = 2 << 30
+
+
+def _limit() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT, MEM_LIMIT))
+
+
+def _cli(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tp_query.engine.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120, preexec_fn=_limit,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("bad")
+
+    def cfg(name: str, **change: object) -> Path:
+        p = d / f"{name}.json"
+        p.write_text(json.dumps({**LLAMA, **change}))
+        return p
+
+    out = {
+        "llama": cfg("llama"),
+        "hidden_1e12": cfg("h", hidden_size=10**12),
+        "layers_1e9": cfg("l", num_hidden_layers=10**9),
+        "heads_negative": cfg("hn", num_attention_heads=-32),
+        "heads_not_dividing": cfg("hd", hidden_size=4000, num_attention_heads=33, num_key_value_heads=3),
+        "kv_not_dividing": cfg("kv", num_key_value_heads=7),
+        "vocab_zero": cfg("v0", vocab_size=0),
+        "dims_as_strings": cfg("s", hidden_size="4096"),
+        "dims_as_bool": cfg("b", num_hidden_layers=True),
+        "dims_as_float": cfg("f", hidden_size=4096.5),
+        "rope_negative": cfg("rn", rope_theta=-1.0),
+        "tie_as_string": cfg("t", tie_word_embeddings="false"),
+        "unknown_arch": cfg("u", architectures=["T5ForConditionalGeneration"], model_type="t5"),
+        "arch_not_list": cfg("al", architectures="LlamaForCausalLM"),
+        "unknown_act": cfg("act", hidden_act="swiglu9"),
+    }
+    for name, text in (("empty", ""), ("not_json", "hidden_size: 4096"), ("json_array", "[1, 2, 3]"),
+                       ("json_string", '"llama"'), ("deep_nesting", "[" * 100_000 + "]" * 100_000),
+                       ("nan_literal", json.dumps(LLAMA)[:-1] + ', "rope_theta": NaN}'),
+                       ("infinity_literal", json.dumps(LLAMA)[:-1] + ', "rope_theta": Infinity}'),
+                       ("missing_hidden", json.dumps({k: v for k, v in LLAMA.items() if k != "hidden_size"}))):
+        p = d / f"{name}.json"
+        p.write_text(text)
+        out[name] = p
+    (d / "bad_utf8.json").write_bytes(b'{"hidden_size": "\xff\xfe"}')
+    out["bad_utf8"] = d / "bad_utf8.json"
+    (d / "garbage.bin").write_bytes(bytes(random.Random(0).randrange(256) for _ in range(4096)))
+    out["binary_garbage"] = d / "garbage.bin"
+    bomb = d / "bomb.json.gz"  # 16 KiB that inflates to 1 GiB of zeros
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        chunk = b"0" * (1 << 20)
+        for _ in range(1024):
+            f.write(chunk)
+    out["gzip_bomb"] = bomb
+    (d / "truncated.json.gz").write_bytes(gzip.compress(json.dumps(LLAMA).encode())[:40])
+    out["truncated_gzip"] = d / "truncated.json.gz"
+    big = d / "sparse.json"
+    with big.open("wb") as f:
+        f.truncate(64 << 20)
+    out["huge_file"] = big
+    (d / "emptydir").mkdir()
+    out["dir_without_config"] = d / "emptydir"
+    g = d / "graph_empty_meta.json"
+    g.write_text(json.dumps({"format": "tp-query-graph/1", "meta": {}, "params": [], "memory": {}, "ops": []}))
+    out["graph_empty_meta"] = g
+    return out
+
+
+def _predict(f: dict[str, Path], name: str, *flags: str) -> list[str]:
+    return ["predict", str(f[name]), *flags]
+
+
+def _predict_file(name: str, f: dict[str, Path]) -> list[str]:
+    return _predict(f, name)
+
+
+BAD_INPUTS: list[tuple[str, object]] = [
+    # files that are not model files
+    ("dev_zero", lambda f: ["predict", "/dev/zero"]),
+    ("dev_urandom", lambda f: ["predict", "/dev/urandom"]),
+    ("missing_file", lambda f: ["predict", "/nonexistent/config.json"]),
+    *[(n, functools.partial(_predict_file, n)) for n in (
+        "empty", "not_json", "json_array", "json_string", "deep_nesting", "nan_literal", "infinity_literal",
+        "missing_hidden", "bad_utf8", "binary_garbage", "gzip_bomb", "truncated_gzip", "huge_file",
+        "dir_without_config", "graph_empty_meta",
+        # config values no real model has, or of the wrong type
+        "hidden_1e12", "layers_1e9", "heads_negative", "heads_not_dividing", "kv_not_dividing", "vocab_zero",
+        "dims_as_strings", "dims_as_bool", "dims_as_float", "rope_negative", "tie_as_string", "unknown_arch",
+        "arch_not_list", "unknown_act")],
+    # flags
+    ("micro_batch_zero", lambda f: _predict(f, "llama", "--micro-batch", "0")),
+    ("micro_batch_1e11", lambda f: _predict(f, "llama", "--micro-batch", str(10**11))),
+    ("dp_zero", lambda f: _predict(f, "llama", "--dp", "0")),
+    ("dp_not_int", lambda f: _predict(f, "llama", "--dp", "two")),
+    ("tp_not_dividing", lambda f: _predict(f, "llama", "--tp", "3")),
+    ("pp_beyond_layers", lambda f: _predict(f, "llama", "--pp", "1000")),
+    ("seq_zero", lambda f: _predict(f, "llama", "--seq-len", "0")),
+    ("seq_1e9", lambda f: _predict(f, "llama", "--seq-len", str(10**9))),
+    ("global_batch_indivisible", lambda f: _predict(f, "llama", "--dp", "2", "--global-batch", "3")),
+    ("zero_stage_7", lambda f: _predict(f, "llama", "--zero", "7")),
+    ("unknown_optimizer", lambda f: _predict(f, "llama", "--optimizer", "lamb")),
+    ("precision_fp8", lambda f: _predict(f, "llama", "--precision", "fp8")),
+    ("unknown_framework", lambda f: _predict(f, "llama", "--framework", "jax")),
+    ("unknown_schedule", lambda f: _predict(f, "llama", "--pp", "2", "--global-batch", "4", "--pp-schedule", "zb")),
+    ("megatron_zero3", lambda f: _predict(f, "llama", "--dp", "2", "--zero", "3", "--framework", "megatron")),
+    ("megatron_sp", lambda f: _predict(f, "llama", "--tp", "2", "--sequence-parallel", "--framework", "megatron")),
+    ("unknown_gpu", lambda f: _predict(f, "llama", "--gpu", "rtx9090")),
+    ("missing_db", lambda f: _predict(f, "llama", "--db", "/nonexistent")),
+    ("search_micro_batch_zero", lambda f: ["search", str(f["llama"]), "--gpus", "8", "--global-batch", "8",
+                                           "--micro-batch", "0"]),
+    ("search_gpus_zero", lambda f: ["search", str(f["llama"]), "--gpus", "0", "--global-batch", "8"]),
+    # SQL escapes
+    ("sql_copy_into_db", lambda f: ["sql", "COPY (SELECT 1) TO 'data/h200/ops/x.parquet'"]),
+    ("sql_read_outside", lambda f: ["sql", "SELECT * FROM read_csv('/etc/passwd')"]),
+    ("sql_read_text_outside", lambda f: ["sql", "SELECT * FROM read_text('/etc/hostname')"]),
+    ("sql_attach", lambda f: ["sql", "ATTACH '/tmp/x.duckdb'"]),
+    ("sql_install", lambda f: ["sql", "INSTALL httpfs"]),
+    ("sql_load", lambda f: ["sql", "LOAD httpfs"]),
+    ("sql_set", lambda f: ["sql", "SET enable_external_access = true"]),
+    ("sql_two_statements", lambda f: ["sql", "SELECT 1; SELECT 2"]),
+    ("sql_create", lambda f: ["sql", "CREATE TABLE t AS SELECT 1"]),
+    ("sql_syntax", lambda f: ["sql", "SELEC 1"]),
+]
+
+
+def test_at_least_forty_bad_input_classes() -> None:
+    assert len(BAD_INPUTS) >= 40
+
+
+def test_every_bad_input_is_one_line_and_exit_2(files: dict[str, Path]) -> None:
+    def run(item: tuple[str, object]) -> tuple[str, subprocess.CompletedProcess[str]]:
+        name, make = item
+        return name, _cli(make(files))  # type: ignore[operator]
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(run, BAD_INPUTS))
+    bad = []
+    for name, r in results:
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        if r.returncode != 2 or len(lines) != 1 or "Traceback" in r.stderr or not lines[0].startswith("error:"):
+            bad.append(f"{name}: rc={r.returncode} stderr={r.stderr[-300:]!r}")
+    assert not bad, "\n".join(bad)
+
+
+def test_graph_files_honour_or_refuse_every_flag(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    g = tmp_path / "tiny.json.gz"
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(TINY_LLAMA))
+    from tp_query.engine.predict import PredictRequest, graph_for
+    from tp_query.schema.precision import Setting
+
+    graph_for(PredictRequest(TINY_LLAMA, "tiny", "cpu", Setting.BF16, seq_len=64)).save(g)
+    for flags, what in ((["--tp", "2"], "--tp 2"), (["--precision", "fp32"], "--precision fp32"),
+                        (["--seq-len", "128"], "--seq-len 128"), (["--micro-batch", "2"], "--micro-batch 2")):
+        r = _cli(["predict", str(g), *flags])
+        assert r.returncode == 2 and what in r.stderr, (flags, r.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# the database
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shipped_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = ROOT / "data" / "h200"
+    if not (src / manifest.MANIFEST_NAME).is_file():
+        pytest.skip("no shipped H200 database with a manifest")
+    root = tmp_path_factory.mktemp("db")
+    shutil.copytree(src, root / "h200")
+    return root
+
+
+def test_shipped_database_verifies(shipped_copy: Path) -> None:
+    assert manifest.verify(shipped_copy / "h200", "h200") >= 40
+    Database("h200", shipped_copy)
+
+
+def test_two_hundred_random_bit_flips_are_all_caught(shipped_copy: Path) -> None:
+    base = shipped_copy / "h200"
+    rels = manifest.tracked_files(base)
+    rng = random.Random(2026)
+    caught = 0
+    for _ in range(200):
+        rel = rng.choice(rels)
+        p = base / rel
+        data = bytearray(p.read_bytes())
+        i = rng.randrange(len(data))
+        data[i] ^= 1 << rng.randrange(8)
+        original = p.read_bytes()
+        p.write_bytes(bytes(data))
+        try:
+            with pytest.raises(DatabaseError, match="checksum mismatch") as e:
+                Database("h200", shipped_copy)
+            assert rel in str(e.value)
+            caught += 1
+        finally:
+            p.write_bytes(original)
+    assert caught == 200
+    Database("h200", shipped_copy)  # restored: clean again
+
+
+@pytest.mark.parametrize("fault", ["foreign_copy", "truncated_comm", "missing_file", "no_manifest", "latency_x1000",
+                                   "cpu_rows_adopted", "negative_calibration", "calibration_list"])
+def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fault: str) -> None:
+    root = tmp_path / "db"
+    shutil.copytree(shipped_copy / "h200", root / "h200")
+    base = root / "h200"
+    ops = sorted((base / "ops").glob("*.parquet"))
+    if fault == "foreign_copy":
+        shutil.copy(ops[0], base / "ops" / "zz-copy.parquet")
+        match = "zz-copy.parquet: not in the manifest"
+    elif fault == "truncated_comm":
+        c = sorted((base / "comm").glob("*.parquet"))[0]
+        c.write_bytes(c.read_bytes()[:1000])
+        match = f"{c.name}: checksum mismatch"
+    elif fault == "missing_file":
+        ops[1].unlink()
+        match = f"{ops[1].name}: listed in the manifest but missing"
+    elif fault == "no_manifest":
+        (base / manifest.MANIFEST_NAME).unlink()
+        match = "manifest.json is missing"
+    elif fault == "latency_x1000":  # a tampered copy re-adopted into the manifest still duplicates keys
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        t = pq.read_table(ops[0])
+        t = t.set_column(t.schema.get_field_index("latency_us"), "latency_us",
+                         pc.multiply(t.column("latency_us"), 1000.0))
+        pq.write_table(t, base / "ops" / "zz-scaled.parquet")
+        manifest.adopt(base, "h200")
+        match = "duplicate measurements"
+    elif fault == "cpu_rows_adopted":
+        from tp_query.collector.store import write_table
+        from tp_query.schema.tables import OPS_SCHEMA, Provenance
+
+        prov = Provenance("cpu", "cpu", "", "", "2.13", "")
+        write_table(base / "ops" / "zz-cpu.parquet", [], OPS_SCHEMA, prov)
+        manifest.adopt(base, "h200")
+        match = "measured on 'cpu'"
+    elif fault == "negative_calibration":
+        cal = json.loads((base / "calibration.json").read_text())
+        (base / "calibration.json").write_text(json.dumps({**cal, "per_tensor_us": -3.0}))
+        manifest.adopt(base, "h200")
+        match = "per_tensor_us must be a finite number >= 0"
+    else:
+        (base / "calibration.json").write_text("[]")
+        manifest.adopt(base, "h200")
+        match = "not a JSON object"
+    r = _cli(["predict", "examples/llama3.1-8b.json", "--db", str(root)])
+    assert r.returncode == 2 and match in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_db_path_with_a_quote_works(shipped_copy: Path, tmp_path: Path) -> None:
+    root = tmp_path / "it's a db"
+    shutil.copytree(shipped_copy / "h200", root / "h200")
+    r = _cli(["sql", "SELECT count(*) AS n FROM ops_ok", "--db", str(root), "--format", "json"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["n"] > 10_000
+
+
+def test_sql_reads_the_database_and_nothing_else(shipped_copy: Path) -> None:
+    d = Database("h200", shipped_copy)
+    assert d.user_sql("WITH k AS (SELECT kind FROM ops_ok) SELECT count(*) AS n FROM k").to_pylist()[0]["n"] > 0
+    for q in ("SELECT * FROM read_parquet('/etc/passwd')", "COPY ops TO '/tmp/x.csv'", "EXPORT DATABASE '/tmp/x'"):
+        with pytest.raises(DatabaseError):
+            d.user_sql(q)

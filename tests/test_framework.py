@@ -1,0 +1,148 @@
+"""Framework models on closed-form inputs: the two-stream timeline, DDP buckets, FSDP2's exposed
+communication, pipeline schedules as torch orders them, and the framework data read from a database."""
+
+from __future__ import annotations
+
+import pytest
+from tp_query.engine.framework import (
+    FrameworkData,
+    Interference,
+    PipeSchedule,
+    StageShape,
+    Timeline,
+    ddp_buckets,
+    ddp_overhead,
+    fsdp_overhead,
+    in_flight_microbatches,
+    pipeline_time,
+    schedule_actions,
+)
+
+
+def test_timeline_serialises_each_stream_and_respects_dependencies() -> None:
+    tl = Timeline()
+    a = tl.add("compute", 10.0)
+    c = tl.add("comm", 4.0, [a])
+    tl.add("compute", 3.0)
+    tl.add("compute", 5.0, [c])
+    comp_end, end = tl.run()
+    assert comp_end == pytest.approx(19.0) and end == pytest.approx(19.0)  # comm 10..14 hidden behind 10..13, 14..19
+
+
+def test_interference_stretches_both_streams_while_they_overlap() -> None:
+    inter = Interference({"all_reduce": [(1.0, 1.5, 2.0)]})
+    tl = Timeline()
+    tl.add("compute", 30.0)
+    tl.comm(inter, "all_reduce", 1.0, 10.0)
+    comp_end, end = tl.run()
+    # both run at reduced rate: comm needs 10 us of work at rate 1/2 -> 20 us; meanwhile compute did 20/1.5
+    # = 13.33 us of work; the remaining 16.67 run alone
+    assert end == pytest.approx(20.0 + (30.0 - 20.0 / 1.5))
+    assert comp_end == end
+
+
+def test_interference_interpolates_in_log_bytes_and_holds_outside() -> None:
+    inter = Interference({"all_reduce": [(1e6, 1.2, 2.0), (1e8, 1.4, 1.0)]})
+    assert inter.factors("all_reduce", 1e7) == pytest.approx((1.3, 1.5))
+    assert inter.factors("all_reduce", 1e3) == (1.2, 2.0) and inter.factors("all_reduce", 1e12) == (1.4, 1.0)
+    assert inter.factors("all_gather", 1e7) == pytest.approx((1.3, 1.5))  # nearest measured collective
+    assert Interference().factors("all_reduce", 1e9) == (1.0, 1.0)
+
+
+def test_ddp_buckets_never_split_a_parameter() -> None:
+    mib = 1 << 20
+    assert ddp_buckets([mib // 2, mib // 2, 30 * mib, mib, 24 * mib, 2 * mib]) == [mib, 30 * mib, 25 * mib, 2 * mib]
+
+
+def _shape(layers: int = 4, layer_us: float = 1000.0) -> StageShape:
+    return StageShape(fwd_embed_us=10.0, fwd_layer_us=layer_us, fwd_head_us=500.0, bwd_head_us=1000.0,
+                      bwd_layer_us=2 * layer_us, bwd_embed_us=20.0, layers=layers, embed_params=(400 << 20,),
+                      layer_params=(64 << 20,) * 4, head_params=(1 << 12, 400 << 20))
+
+
+def _comm(kind: str, nbytes: float) -> float:
+    return 20.0 + nbytes / 200e3  # 20 us + 200 GB/s
+
+
+def test_ddp_exposes_only_what_backward_cannot_hide() -> None:
+    s = _shape()
+    none = Interference()
+    exposed = ddp_overhead(s, _comm, none)
+    embed_ar = _comm("all_reduce", 400 << 20)
+    assert embed_ar <= exposed < embed_ar + _comm("all_reduce", 64 << 20) * 4  # the last bucket at least
+    slow = ddp_overhead(s, _comm, Interference({"all_reduce": [(1.0, 1.3, 1.3)]}))
+    assert slow > exposed
+    fast = ddp_overhead(s, lambda k, b: 1.0, none)
+    assert fast == pytest.approx(1.0)
+
+
+def test_fsdp_exposes_the_first_gather_and_the_last_reduce_scatter() -> None:
+    s = _shape(layer_us=3000.0)  # a layer computes longer than its gather (1.36 ms) takes
+    none = Interference()
+
+    def copy(nbytes: float) -> float:
+        return 0.0
+
+    f3, b3 = fsdp_overhead(s, _comm, none, reshard=True, gather_ratio=1.0, reduce_ratio=1.0, copy_us=copy)
+    f2, b2 = fsdp_overhead(s, _comm, none, reshard=False, gather_ratio=1.0, reduce_ratio=1.0, copy_us=copy)
+    root = 2 * (400 << 20) + (1 << 12)
+    # the root's gather and the first layer's (queued behind it) are exposed; later layers' hide behind compute
+    assert f3 == pytest.approx(_comm("all_gather", root) + _comm("all_gather", 256 << 20) - s.fwd_embed_us)
+    assert f2 == f3
+    assert b3 >= b2 >= _comm("reduce_scatter", root) * 0.99  # the root's reduce-scatter is last and exposed
+    slow = _shape(layer_us=300.0)  # now every gather waits: the exposed time grows with the layers
+    fs, _ = fsdp_overhead(slow, _comm, none, reshard=True, gather_ratio=1.0, reduce_ratio=1.0, copy_us=copy)
+    assert fs > f3 + 3 * (_comm("all_gather", 256 << 20) - 300.0) * 0.9
+    _, b32 = fsdp_overhead(s, _comm, none, reshard=True, gather_ratio=1.0, reduce_ratio=2.0, copy_us=copy)
+    assert b32 > b3  # fp32 reduction of half-precision gradients moves twice the bytes
+
+
+@pytest.mark.parametrize("pp, m", [(2, 4), (4, 8), (3, 5)])
+def test_one_f_one_b_matches_the_textbook_formula_when_balanced(pp: int, m: int) -> None:
+    t = pipeline_time([1.0] * pp, [2.0] * pp, pp, m, PipeSchedule.ONE_F_ONE_B, 0.0)
+    assert t == pytest.approx((m + pp - 1) * 3.0)
+    g = pipeline_time([1.0] * pp, [2.0] * pp, pp, m, PipeSchedule.GPIPE, 0.0)
+    assert g == pytest.approx((m + pp - 1) * 3.0)
+
+
+def test_interleaving_shrinks_the_bubble_of_balanced_stages() -> None:
+    pp, m = 4, 8
+    one = pipeline_time([2.0] * pp, [4.0] * pp, pp, m, PipeSchedule.ONE_F_ONE_B, 0.0)
+    inter = pipeline_time([1.0] * 2 * pp, [2.0] * 2 * pp, pp, m, PipeSchedule.INTERLEAVED, 0.0)
+    assert inter < one
+    assert inter >= m * 6.0  # never below the work of one rank
+
+
+@pytest.mark.parametrize("schedule", list(PipeSchedule))
+def test_every_rank_runs_every_microbatch_once_each_way(schedule: PipeSchedule) -> None:
+    pp, m = 4, 8
+    chunks = 2 if schedule == PipeSchedule.INTERLEAVED else 1
+    for r in range(pp):
+        acts = schedule_actions(r, pp, m, schedule)
+        for c in range(chunks):
+            stage = r + c * pp
+            assert sorted(i for k, s, i in acts if k == "F" and s == stage) == list(range(m))
+            assert sorted(i for k, s, i in acts if k == "B" and s == stage) == list(range(m))
+        assert len(acts) == 2 * m * chunks
+
+
+def test_microbatches_in_flight() -> None:
+    assert in_flight_microbatches(0, 4, 8, PipeSchedule.ONE_F_ONE_B) == 4
+    assert in_flight_microbatches(3, 4, 8, PipeSchedule.ONE_F_ONE_B) == 1
+    assert in_flight_microbatches(0, 4, 8, PipeSchedule.GPIPE) == 8
+    assert in_flight_microbatches(0, 1, 8, PipeSchedule.GPIPE) == 1
+
+
+def test_framework_data_reads_measured_rows() -> None:
+    rows = [{"framework": "torch", "kind": "tp", "setting": "bf16", "phase": ph, "quantity": q, "value_us": v,
+             "ranks": 2, "status": "ok"}
+            for ph, q, v in (("fwd", "extra_per_layer_us", 100.0), ("fwd", "extra_fixed_us", -5.0),
+                             ("bwd", "extra_per_layer_us", 200.0))]
+    rows += [{"framework": "torch", "kind": k, "setting": "bf16", "phase": "fwd", "quantity": "per_op_us",
+              "value_us": v, "ranks": 2, "status": "ok"} for k, v in (("plain", 10.0), ("plain_tp_shard", 12.0))]
+    fd = FrameworkData([], rows)
+    e = fd.host_extra("torch", "tp", "bf16", 8)
+    assert e.per_layer_us == {"fwd": 100.0, "bwd": 200.0} and e.fixed_us == {"fwd": 0.0}  # a cost is >= 0
+    assert "2 ranks" in e.source
+    assert fd.host_extra("torch", "tp", "amp_bf16", 2).source == "none"
+    assert fd.per_op_host_us("bf16") == {"fwd_us": 11.0}
