@@ -153,8 +153,8 @@ def overlap_campaign(device: torch.device, prov: Any, out: Path | None) -> int:
         torch.cuda.empty_cache()
     torch.backends.cuda.matmul.allow_tf32 = False
     if dist.get_rank() == 0 and out is not None:
-        store = ChunkedStore(out, f"overlap-r{world}", OVERLAP_SCHEMA, prov, key_columns=("compute", "collective",
-                                                                                          "bytes", "ranks"))
+        store = ChunkedStore(out, f"overlap-r{world}", OVERLAP_SCHEMA, prov, remeasure=True,
+                             key_columns=("compute", "collective", "bytes", "ranks"))
         for r_ in rows:
             store.append(r_)
         store.flush()
@@ -278,13 +278,13 @@ def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return slope, my - slope * mx
 
 
-def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int = 30) -> int:
+def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int = 40) -> int:
     rows = []
     for setting in ("bf16", "amp_bf16"):
         rows += _host_rows(device, prov, setting, iters)
     if dist.get_rank() == 0 and out is not None:
         store = ChunkedStore(out, f"framework-r{dist.get_world_size()}", FRAMEWORK_SCHEMA, prov,
-                             key_columns=("framework", "kind", "setting", "phase", "quantity", "ranks"))
+                             key_columns=("framework", "kind", "setting", "phase", "quantity", "ranks"), remeasure=True)
         for r in rows:
             store.append(r)
         store.flush()
@@ -294,7 +294,7 @@ def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int 
     return len(rows)
 
 
-LAYER_COUNTS = (1, 2, 4, 6)
+LAYER_COUNTS = (1, 2, 4, 6, 8)
 
 
 def _host_rows(device: torch.device, prov: Any, setting: str, iters: int) -> list[dict[str, Any]]:

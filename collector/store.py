@@ -66,7 +66,10 @@ class ChunkedStore:
     """Resumable, append-only storage of one campaign's rows under `folder`."""
 
     def __init__(self, folder: Path, campaign: str, schema: pa.Schema, provenance: Provenance,
-                 key_columns: tuple[str, ...] = ("key", "run")) -> None:
+                 key_columns: tuple[str, ...] = ("key", "run"), remeasure: bool = False) -> None:
+        """remeasure: a new row replaces an earlier successful one for the same key (campaigns that are
+        measured again as a whole, such as the framework host costs); otherwise only failures are replaced."""
+        self.remeasure = remeasure
         self.folder = folder
         self.campaign = campaign
         self.schema = schema
@@ -161,11 +164,14 @@ class ChunkedStore:
             if not any(hit):
                 continue
             full = pq.read_table(p)
-            if "status" in full.column_names and any(st == "ok" for st, h in
-                                                     zip(full.column("status").to_pylist(), hit, strict=True) if h):
+            if not self.remeasure and "status" in full.column_names and any(
+                    st == "ok" for st, h in zip(full.column("status").to_pylist(), hit, strict=True) if h):
                 raise StoreError(f"{p} already holds a successful row for a key being written again")
-            keep = pa.array([not h for h in hit])
-            _atomic_write(p, full.filter(keep))
+            kept = full.filter(pa.array([not h for h in hit]))
+            if kept.num_rows:
+                _atomic_write(p, kept)
+            else:
+                p.unlink()
             changed.append(p)
         return changed
 
