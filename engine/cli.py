@@ -16,6 +16,24 @@ from tp_query.schema.model_config import ConfigError, load_model_file
 from tp_query.schema.precision import Setting
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("tp-query")
+        except PackageNotFoundError:
+            v = "source checkout"
+        typer.echo(f"tp-query {v}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """tp-query: predict LLM training iteration time and memory from the operator database."""
 db_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect the profile database.")
 app.add_typer(db_app, name="db")
 

@@ -96,10 +96,11 @@ class FrameworkData:
         return Interference(pts, f"measured ({rk} ranks, {comp})")
 
     def per_op_host_us(self, setting: str) -> dict[str, float]:
-        """Plain eager PyTorch's host cost per aten operator (forward, backward), measured on host-bound runs:
-        the per-layer time slope over the per-layer operator count, averaged over the plain variants."""
+        """Plain eager PyTorch's host cost per aten operator (forward, backward, optimizer), measured on
+        host-bound runs: the per-layer time slope over the per-layer operator count, averaged over the plain
+        variants."""
         out: dict[str, float] = {}
-        for phase in ("fwd", "bwd"):
+        for phase in ("fwd", "bwd", "opt"):
             vals = [float(r["value_us"]) for r in self.host if r.get("status") == "ok" and r["framework"] == "torch"
                     and str(r["kind"]).startswith("plain") and r.get("setting") == setting
                     and r["phase"] == phase and r["quantity"] == "per_op_us" and r["value_us"] > 0]

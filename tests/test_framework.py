@@ -145,4 +145,4 @@ def test_framework_data_reads_measured_rows() -> None:
     assert e.per_layer_us == {"fwd": 100.0, "bwd": 200.0} and e.fixed_us == {"fwd": 0.0}  # a cost is >= 0
     assert "2 ranks" in e.source
     assert fd.host_extra("torch", "tp", "amp_bf16", 2).source == "none"
-    assert fd.per_op_host_us("bf16") == {"fwd_us": 11.0}
+    assert fd.per_op_host_us("bf16") == {"fwd_us": 11.0}  # only what was measured
