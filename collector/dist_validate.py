@@ -22,7 +22,6 @@ backend runs the same code (tests).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -41,6 +40,7 @@ from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.tables import VALIDATION_SCHEMA
 
 from .device import Device
+from .hf_stages import PipeStage, autocast_for
 from .store import ChunkedStore
 from .timing import quantile
 
@@ -146,11 +146,6 @@ def _hf_model(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device) -> 
     return model
 
 
-def _autocast(device: torch.device, setting: str) -> Any:
-    ac = SETTINGS[Setting(setting)].autocast_dtype
-    return torch.autocast(device.type, dtype=torch_dtype(ac)) if ac else contextlib.nullcontext()
-
-
 def _param_dtype(setting: str) -> torch.dtype:
     st = SETTINGS[Setting(setting)]
     # FSDP2's MixedPrecisionPolicy keeps fp32 sharded parameters and casts them to bf16 when it gathers them
@@ -249,7 +244,7 @@ def build_torch_dp(case: DistCase, mesh: Any, device: torch.device) -> Step:
     ids = _ids(case, case.micro_batch, device, 1000 + dp_mesh.get_local_rank())
 
     def step() -> None:
-        with _autocast(device, case.setting):
+        with autocast_for(device, case.setting):
             loss = model(input_ids=ids, labels=ids, use_cache=False).loss
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -284,7 +279,7 @@ def build_torch_tp(case: DistCase, mesh: Any, device: torch.device) -> Step:
     pos = torch.arange(case.seq_len, device=device).unsqueeze(0)
 
     def step() -> None:
-        with _autocast(device, case.setting):
+        with autocast_for(device, case.setting):
             logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
         with loss_parallel():
             loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
@@ -293,31 +288,6 @@ def build_torch_tp(case: DistCase, mesh: Any, device: torch.device) -> Step:
         opt.zero_grad(set_to_none=True)
 
     return step
-
-
-class _PipeStage(torch.nn.Module):
-    """A contiguous range of decoder layers of an HF Llama-family model, plus the embedding on the first
-    stage and the final norm and LM head on the last (the loss is the schedule's loss_fn)."""
-
-    def __init__(self, model: Any, lo: int, hi: int, first: bool, last: bool, setting: str) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(list(model.model.layers)[lo:hi])
-        self.rotary = model.model.rotary_emb
-        self.embed = model.model.embed_tokens if first else None
-        self.norm = model.model.norm if last else None
-        self.lm_head = model.lm_head if last else None
-        self.setting = setting
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with _autocast(x.device, self.setting):
-            h = self.embed(x) if self.embed is not None else x
-            pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-            pe = self.rotary(h, pos)
-            for layer in self.layers:
-                h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
-            if self.lm_head is None or self.norm is None:
-                return h
-            return self.lm_head(self.norm(h))
 
 
 def build_torch_pp(case: DistCase, mesh: Any, device: torch.device) -> Step:
@@ -339,7 +309,7 @@ def build_torch_pp(case: DistCase, mesh: Any, device: torch.device) -> Step:
         raise ValueError(f"{n} layers do not split into {n_stages} stages")
     per = n // n_stages
     stage_ids = [rank + c * pp for c in range(chunks)]
-    mods = [_PipeStage(model, s * per, (s + 1) * per, s == 0, s == n_stages - 1, case.setting) for s in stage_ids]
+    mods = [PipeStage(model, s * per, (s + 1) * per, s == 0, s == n_stages - 1, case.setting) for s in stage_ids]
     del model  # what a stage does not own goes with it
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -30,6 +30,7 @@ from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.tables import OPLOG_SCHEMA, VALIDATION_SCHEMA
 
 from .device import Device
+from .hf_stages import PipeStage
 from .store import ChunkedStore, write_table
 from .timing import quantile
 
@@ -248,34 +249,24 @@ def _profile_iteration(model: Any, opt: Any, scaler: Any, ids: torch.Tensor, ac:
     return total, {"kernel_ms_by_class": by, "kernels": count, "gpu_span_ms": span}
 
 
-class _Stage(torch.nn.Module):
-    """One pipeline stage of an HF Llama-family model: its layer range, plus the embedding on the first
-    stage and the final norm, LM head and loss on the last (what torch.distributed.pipelining runs)."""
+class _Stage(PipeStage):
+    """One stage of a PP split (first, middle or last of `pp` equal layer ranges) with the loss on the last,
+    run alone on one GPU."""
 
-    def __init__(self, model: Any, stage: str, pp: int) -> None:
-        super().__init__()
+    def __init__(self, model: Any, stage: str, pp: int, setting: str) -> None:
         n = len(model.model.layers)
         per = n // pp
         lo = {"first": 0, "middle": per, "last": n - per}[stage]
+        super().__init__(model, lo, lo + per, stage == "first", stage == "last", setting)
         self.stage = stage
-        self.layers = torch.nn.ModuleList(list(model.model.layers)[lo:lo + per])
-        self.rotary = model.model.rotary_emb
-        self.embed = model.model.embed_tokens if stage == "first" else None
-        self.norm = model.model.norm if stage == "last" else None
-        self.lm_head = model.lm_head if stage == "last" else None
         self.loss_function = model.loss_function
         self.vocab = model.config.vocab_size
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x) if self.embed is not None else x
-        pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-        pe = self.rotary(h, pos)
-        for layer in self.layers:
-            h = layer(h, attention_mask=None, position_ids=pos, position_embeddings=pe)
-        if self.lm_head is None or self.norm is None:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        h = super().forward(x)
+        if self.lm_head is None:
             return h
-        logits = self.lm_head(self.norm(h))
-        return self.loss_function(logits=logits, labels=labels, vocab_size=self.vocab)
+        return self.loss_function(logits=h, labels=labels, vocab_size=self.vocab)
 
 
 def run_stage_case(case: Case, device: Device, iters: int = 8) -> dict[str, Any]:
@@ -284,7 +275,7 @@ def run_stage_case(case: Case, device: Device, iters: int = 8) -> dict[str, Any]
     torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
     ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
     model = _hf_model(case.config, torch_dtype(st.param_dtype), dev)
-    stage = _Stage(model, case.pp_stage, case.pp)
+    stage = _Stage(model, case.pp_stage, case.pp, case.setting)
     del model
     opt = torch.optim.AdamW(stage.parameters(), lr=1e-4)
     hidden = int(case.config["hidden_size"])
