@@ -265,19 +265,22 @@ def trace(
     inputs: Annotated[str | None, typer.Option(help="file.py:make_inputs or module:fn taking the model")] = None,
     precision: PrecisionOpt = Setting.AMP_BF16,
     optimizer: str = "adamw",
-    seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
-    micro_batch: Annotated[int, typer.Option("--micro-batch")] = 1,
-    tp: int = 1,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help="configs only (default 4096)")] = None,
+    micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="configs only (default 1)")] = None,
+    tp: Annotated[int | None, typer.Option(help="configs only (default 1)")] = None,
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel")] = False,
     recompute: str = "none",
+    framework: FrameworkOpt = "torch",
 ) -> None:
     """Capture the training graph CUDA would run (fake tensors, on the CPU) into a graph file."""
 
     def go() -> None:
         from tp_query.engine.tracecli import trace_target
 
+        if recompute not in ("none", "full"):
+            raise UserError(f"--recompute must be none or full, got {recompute!r}")
         g = trace_target(target, inputs, precision, optimizer, seq_len, micro_batch, tp, sequence_parallel,
-                         recompute == "full")
+                         recompute == "full", framework)
         g.save(out)
         typer.echo(f"wrote {out}: {len(g.ops)} operators, {len(g.params)} parameters "
                    f"({g.meta.source}, {g.meta.setting})")

@@ -44,15 +44,24 @@ def _load_callable(ref: str) -> Callable[..., Any]:
     return fn
 
 
-def trace_target(target: str, inputs: str | None, setting: Setting, optimizer: str, seq_len: int, micro_batch: int,
-                 tp: int, sequence_parallel: bool, recompute: bool) -> Graph:
+def trace_target(target: str, inputs: str | None, setting: Setting, optimizer: str, seq_len: int | None,
+                 micro_batch: int | None, tp: int | None, sequence_parallel: bool, recompute: bool,
+                 framework: str = "torch") -> Graph:
+    """A config is traced at the asked shapes and split; a module at the shapes its make_inputs returns, as
+    one GPU runs it: flags that would change a module's graph are refused, never ignored."""
     from .trace.capture import TraceError, TraceRequest, trace_config, trace_module
 
     try:
         if target.endswith(".json") or Path(target).is_dir():
             spec = parse_config(load_model_file(target), Path(target).stem)
-            return trace_config(TraceRequest(spec, setting, micro_batch, seq_len, tp, sequence_parallel, recompute,
-                                             optimizer))
+            return trace_config(TraceRequest(spec, setting, micro_batch or 1, seq_len or 4096, tp or 1,
+                                             sequence_parallel, recompute, optimizer, framework=framework))
+        given = [f for f, v in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--tp", tp),
+                                ("--sequence-parallel", sequence_parallel), ("--recompute full", recompute),
+                                ("--framework megatron", framework != "torch")) if v]
+        if given:
+            raise ConfigError(f"{', '.join(given)} cannot apply to a module: it is traced at the shapes its "
+                              "make_inputs returns, as one GPU runs it (use a HuggingFace config for splits)")
         factory = _load_callable(target)
         if inputs is None:
             raise ConfigError("tracing a module needs --inputs file.py:make_inputs (a function of the model that "

@@ -140,6 +140,13 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("search_micro_batch_zero", lambda f: ["search", str(f["llama"]), "--gpus", "8", "--global-batch", "8",
                                            "--micro-batch", "0"]),
     ("search_gpus_zero", lambda f: ["search", str(f["llama"]), "--gpus", "0", "--global-batch", "8"]),
+    # a traced module runs at its own shapes: split and shape flags are refused, not ignored
+    ("trace_module_tp", lambda f: ["trace", "mymodel.py:build", "-o", "/tmp/g.json.gz", "--inputs", "m.py:i",
+                                   "--tp", "2"]),
+    ("trace_module_seq", lambda f: ["trace", "mymodel.py:build", "-o", "/tmp/g.json.gz", "--inputs", "m.py:i",
+                                    "--seq-len", "128"]),
+    ("trace_module_recompute", lambda f: ["trace", "mymodel.py:build", "-o", "/tmp/g.json.gz", "--inputs",
+                                          "m.py:i", "--recompute", "full"]),
     # SQL escapes
     ("sql_copy_into_db", lambda f: ["sql", "COPY (SELECT 1) TO 'data/h200/ops/x.parquet'"]),
     ("sql_read_outside", lambda f: ["sql", "SELECT * FROM read_csv('/etc/passwd')"]),
