@@ -60,6 +60,7 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
              global_batch: int | None, optimizer: str, sequence_parallel: bool, zero: int, recompute: str,
              strict: bool, db: str | None, framework: str = "torch", pp_schedule: str = "1f1b",
              ddp_bucket_view: bool = False) -> Any:
+    from tp_query.engine.parallel import ParallelConfig
     from tp_query.engine.predict import PredictRequest
 
     obj = load_model_file(model)
@@ -80,9 +81,11 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
     if global_batch is not None and global_batch <= 0:
         raise UserError(f"--global-batch must be a positive integer, got {global_batch}")
     name = model.parent.name if model.name == "config.json" else model.stem
-    return PredictRequest(obj, name, gpu, precision, dp, tp, pp, micro_batch, global_batch, seq_len, optimizer,
-                          sequence_parallel, zero, recompute == "full", strict, db, framework=framework,
-                          pp_schedule=pp_schedule, ddp_bucket_view=ddp_bucket_view)
+    par = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
+                         sequence_parallel=sequence_parallel, zero=zero, recompute=recompute == "full",
+                         pp_schedule=pp_schedule, framework=framework, ddp_bucket_view=ddp_bucket_view)
+    return PredictRequest(model=obj, model_name=name, gpu=gpu, setting=precision, parallel=par, seq_len=seq_len,
+                          optimizer=optimizer, strict=strict, db_root=db)
 
 
 def _guard(fn: Any) -> Any:

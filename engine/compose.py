@@ -14,70 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from tp_query.schema.ops import CallInfo, describe
 from tp_query.schema.precision import DType
 from tp_query.schema.signature import OpCall, TensorSpec, call_key
 
 from .graph import Graph, OpRecord, ParamRecord, Phase, Section
-
-
-class PlanError(ValueError):
-    """An impossible parallel configuration (one line for the user)."""
-
-
-@dataclass(frozen=True)
-class Parallel:
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    micro_batch: int = 1
-    global_batch: int | None = None
-    sequence_parallel: bool = False
-    zero: int = 0
-    recompute: bool = False
-    pp_schedule: str = "1f1b"  # 1f1b | gpipe | interleaved
-    framework: str = "torch"  # torch | megatron
-    ddp_bucket_view: bool = False
-
-    @property
-    def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    @property
-    def micro_batches(self) -> int:
-        gb = self.global_batch or self.dp * self.micro_batch
-        return gb // (self.dp * self.micro_batch)
-
-    # beyond any cluster or batch anyone plans: bigger is a typo or hostile input
-    LIMITS: ClassVar[dict[str, int]] = {"DP": 1 << 20, "TP": 1 << 12, "PP": 1 << 12, "micro-batch": 1 << 16,
-                                        "global batch": 1 << 31}
-
-    def validate(self) -> None:
-        for name, v in (("DP", self.dp), ("TP", self.tp), ("PP", self.pp), ("micro-batch", self.micro_batch),
-                        ("global batch", self.global_batch or self.dp * self.micro_batch)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise PlanError(f"{name} must be a positive integer, got {v!r}")
-            if v > self.LIMITS[name]:
-                raise PlanError(f"{name} {v} is beyond any real job (at most {self.LIMITS[name]})")
-        if self.micro_batches > 1 << 20:
-            raise PlanError(f"{self.micro_batches} micro-batches per step is beyond any real job")
-        gb = self.global_batch or self.dp * self.micro_batch
-        if gb <= 0 or gb % (self.dp * self.micro_batch):
-            raise PlanError(f"global batch {gb} is not a multiple of DP x micro-batch = {self.dp * self.micro_batch}")
-        if self.zero not in (0, 1, 2, 3):
-            raise PlanError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero}")
-        if self.sequence_parallel and self.tp == 1:
-            raise PlanError("sequence parallelism needs TP > 1")
-        if self.pp_schedule not in ("1f1b", "gpipe", "interleaved"):
-            raise PlanError(f"unknown pipeline schedule {self.pp_schedule!r}: 1f1b, gpipe or interleaved")
-        if self.framework not in ("torch", "megatron"):
-            raise PlanError(f"unknown framework {self.framework!r}: torch or megatron")
-        if self.framework == "megatron" and self.zero >= 2:
-            raise PlanError("Megatron-Core shards optimizer state only (its distributed optimizer): use --zero 1")
-        if self.framework == "megatron" and self.pp_schedule == "gpipe":
-            raise PlanError("Megatron-Core's schedules are 1F1B and interleaved 1F1B, not GPipe")
+from .parallel import ParallelConfig, PlanError
 
 
 @dataclass(frozen=True)
@@ -256,7 +200,7 @@ class Composer:
         return out
 
     # -- stages -------------------------------------------------------------------------------
-    def stages(self, par: Parallel) -> list[StageWork]:
+    def stages(self, par: ParallelConfig) -> list[StageWork]:
         n_layers = int(self.graph.meta.model.get("num_layers", 0)) if self.is_layered else 0
         if not self.is_layered:
             if par.pp > 1:

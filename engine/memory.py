@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from tp_query.schema.gpus import GpuSpec
 from tp_query.schema.precision import SETTINGS, Setting
 
-from .compose import Parallel, StageWork
+from .compose import StageWork
 from .framework import PipeSchedule, in_flight_microbatches, pipelining_retained_outputs
 from .graph import Graph, MemoryProfile, Section
+from .parallel import ParallelConfig
 
 WORKSPACE_BYTES = 64 * 2**20  # cuBLAS/cuDNN workspaces that the caching allocator serves
 FRAGMENTATION = 0.03  # share of capacity the caching allocator cannot hand out at the peak
@@ -39,7 +40,7 @@ class MemoryBreakdown:
         return self.capacity_bytes - self.peak_bytes
 
 
-def stage_memory(graph: Graph, stage: StageWork, par: Parallel, optimizer: str, gpu: GpuSpec) -> MemoryBreakdown:
+def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer: str, gpu: GpuSpec) -> MemoryBreakdown:
     mp: MemoryProfile = graph.memory
     st = SETTINGS[Setting(graph.meta.setting)]
     traced_numel = stage.composer.traced_numel
@@ -92,7 +93,7 @@ def stage_memory(graph: Graph, stage: StageWork, par: Parallel, optimizer: str, 
     return MemoryBreakdown(w, g, o, acts + unsharded, transient, buffers, int(peak), capacity, peak <= capacity)
 
 
-def _megatron_attention_buffer(graph: Graph, par: Parallel) -> int:
+def _megatron_attention_buffer(graph: Graph, par: ParallelConfig) -> int:
     """Megatron-Core's unfused core attention writes its scores into a persistent global memory buffer
     ([b x heads/TP, s, s] in the activations' dtype), allocated at the first step and kept."""
     if par.framework != "megatron":
@@ -103,7 +104,7 @@ def _megatron_attention_buffer(graph: Graph, par: Parallel) -> int:
     return graph.meta.micro_batch * heads * s * s * st.param_dtype.itemsize
 
 
-def _logits_bytes(graph: Graph, par: Parallel) -> int:
+def _logits_bytes(graph: Graph, par: ParallelConfig) -> int:
     """One micro-batch's LM-head output on a TP rank, in the dtype the head computes in."""
     st = SETTINGS[Setting(graph.meta.setting)]
     dt = st.autocast_dtype or st.param_dtype

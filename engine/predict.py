@@ -23,7 +23,7 @@ from tp_query.schema.precision import SETTINGS, DType, Setting
 from tp_query.schema.signature import TensorSpec
 
 from .comm import CommModel
-from .compose import Composer, Item, Parallel, PlanError, StageWork
+from .compose import Composer, Item, StageWork
 from .db import Database
 from .framework import (
     INTERLEAVED_CHUNKS,
@@ -41,6 +41,7 @@ from .graph import Graph, Phase, Section, is_graph_json
 from .hostsim import CalibrationError, HostModel, simulate
 from .lookup import LatencyModel, Query, Source
 from .memory import stage_memory
+from .parallel import ParallelConfig, PlanError
 
 TRACE_VERSION = 7
 SYNC_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default")
@@ -53,32 +54,19 @@ class PredictError(ValueError):
     """Bad input for a prediction (one line for the user)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PredictRequest:
+    """One question: this model, on this GPU, at this precision, sequence and optimizer, split as `parallel`."""
+
     model: dict[str, Any]  # a HF config.json object or a tp-query graph object
     model_name: str = "model"
     gpu: str = "h200"
     setting: Setting = Setting.AMP_BF16
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    micro_batch: int = 1
-    global_batch: int | None = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     seq_len: int = 4096
     optimizer: str = "adamw"
-    sequence_parallel: bool = False
-    zero: int = 0
-    recompute: bool = False
     strict: bool = False
     db_root: str | None = None
-    framework: str = "torch"  # torch | megatron: the stack that runs the split (its kernels, hooks, buckets)
-    pp_schedule: str = "1f1b"  # 1f1b | gpipe | interleaved
-    ddp_bucket_view: bool = False  # DDP(gradient_as_bucket_view=True): no separate bucket buffers
-
-    @property
-    def parallel(self) -> Parallel:
-        return Parallel(self.dp, self.tp, self.pp, self.micro_batch, self.global_batch, self.sequence_parallel,
-                        self.zero, self.recompute, self.pp_schedule, self.framework, self.ddp_bucket_view)
 
 
 @dataclass(frozen=True)
@@ -126,9 +114,10 @@ def cache_dir() -> Path:
 
 def _trace_fields(req: PredictRequest) -> dict[str, Any]:
     """What a request's traced graph depends on besides the model (DP, PP and ZeRO do not change it)."""
-    return {"setting": req.setting.value, "mb": req.micro_batch, "seq": req.seq_len, "tp": req.tp,
-            "sp": req.sequence_parallel and req.tp > 1, "rc": req.recompute, "opt": req.optimizer,
-            "fw": req.framework}
+    par = req.parallel
+    return {"setting": req.setting.value, "mb": par.micro_batch, "seq": req.seq_len, "tp": par.tp,
+            "sp": par.sequence_parallel and par.tp > 1, "rc": par.recompute, "opt": req.optimizer,
+            "fw": par.framework}
 
 
 def _torch_version() -> str:
@@ -163,14 +152,15 @@ def graph_for(req: PredictRequest) -> Graph:
         except (TypeError, ValueError, KeyError) as e:
             raise PredictError(f"not a valid graph file: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                                ) from None
-        if (req.tp > 1 or req.pp > 1) and g.meta.source == "module":
+        par = req.parallel
+        if (par.tp > 1 or par.pp > 1) and g.meta.source == "module":
             raise PredictError("a traced module runs as traced: use --tp 1 --pp 1 (DP and ZeRO are fine)")
         traced = {"precision": g.meta.setting, "seq-len": g.meta.seq_len, "micro-batch": g.meta.micro_batch,
                   "tp": g.meta.tp, "sequence-parallel": g.meta.sequence_parallel, "recompute": g.meta.recompute,
                   "optimizer": g.meta.optimizer, "framework": g.meta.extra.get("framework", "torch")}
-        asked = {"precision": req.setting.value, "seq-len": req.seq_len, "micro-batch": req.micro_batch,
-                 "tp": req.tp, "sequence-parallel": req.sequence_parallel and req.tp > 1,
-                 "recompute": req.recompute, "optimizer": req.optimizer, "framework": req.framework}
+        asked = {"precision": req.setting.value, "seq-len": req.seq_len, "micro-batch": par.micro_batch,
+                 "tp": par.tp, "sequence-parallel": par.sequence_parallel and par.tp > 1,
+                 "recompute": par.recompute, "optimizer": req.optimizer, "framework": par.framework}
         if g.meta.source == "module":  # a user's module: its own shapes; tp is 1 by construction
             for k in ("seq-len", "micro-batch"):
                 traced.pop(k)
@@ -197,8 +187,9 @@ def graph_for(req: PredictRequest) -> Graph:
         raise PredictError("tracing a config needs torch (pip install 'tp-query[trace]'), or pass a graph "
                            "file from `tp-query trace`") from None
     try:
-        g = trace_config(TraceRequest(spec, req.setting, req.micro_batch, req.seq_len, req.tp,
-                                      req.sequence_parallel, req.recompute, req.optimizer, framework=req.framework))
+        par = req.parallel
+        g = trace_config(TraceRequest(spec, req.setting, par.micro_batch, req.seq_len, par.tp,
+                                      par.sequence_parallel, par.recompute, req.optimizer, framework=par.framework))
     except TraceError as e:
         raise PredictError(str(e)) from None
     try:
@@ -291,17 +282,13 @@ class Engine:
 
     def assemble(self, req: PredictRequest, graph: Graph | None = None, with_ops: bool = False) -> _Assemble:
         """The raw material of a prediction, to evaluate under several host models (calibration)."""
-        par = req.parallel
-        try:
-            par.validate()
-        except PlanError as e:
-            raise PredictError(str(e)) from None
+        par = req.parallel  # validated when it was built
         if req.optimizer not in OPTIMIZERS:
             raise PredictError(f"unknown optimizer {req.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         if isinstance(req.seq_len, bool) or not isinstance(req.seq_len, int) or not 0 < req.seq_len <= MAX_SEQ:
             raise PredictError(f"sequence length must be an integer in 1..{MAX_SEQ}, got {req.seq_len!r}")
-        if req.seq_len * req.micro_batch > MAX_TOKENS:
-            raise PredictError(f"micro-batch x sequence = {req.seq_len * req.micro_batch} tokens is beyond any real "
+        if req.seq_len * par.micro_batch > MAX_TOKENS:
+            raise PredictError(f"micro-batch x sequence = {req.seq_len * par.micro_batch} tokens is beyond any real "
                                f"micro-batch (at most {MAX_TOKENS})")
         g = graph or self.graph(req)
         comp = self.composer(g)
@@ -442,7 +429,7 @@ class _Assemble:
     """A prediction's raw material (per stage: operator arrays) and its evaluation under a host model."""
 
     def __init__(self, eng: Engine, req: PredictRequest, g: Graph, comp: Composer, stages: list[StageWork],
-                 par: Parallel, with_ops: bool) -> None:
+                 par: ParallelConfig, with_ops: bool) -> None:
         self.eng, self.req, self.g, self.comp, self.stages, self.par = eng, req, g, comp, stages, par
         self.with_ops = with_ops
         self.warnings: list[str] = []
@@ -602,12 +589,18 @@ class _Assemble:
             self.warnings.append(f"communication uses the alpha-beta model where not measured ({cover}; NVLink "
                                  f"{self.eng.gpu.nvlink_bytes_per_s / 1e9:.0f} GB/s, "
                                  f"IB {self.eng.gpu.ib_bytes_per_s / 1e9:.0f} GB/s per GPU)")
+        host_share = breakdown["host_overhead_ms"] * 1e3 / total_us if total_us else 0.0
+        extras = [e.source for e in self._host_extras() if e.source != "none"]
+        if host_share > 0.3:
+            self.warnings.append(f"host-bound: {host_share:.0%} of the step is host overhead"
+                                 + (" (DTensor dispatch and framework hooks, measured)" if extras else "")
+                                 + "; eager PyTorch cannot keep the GPU busy at this size")
         if self.eng.calibration_source.startswith("default"):
             self.warnings.append(f"host model: {self.eng.calibration_source}")
         if self.req.strict and (sources.get("extrapolated", 0) > 0 or sources.get("miss", 0) > 0):
             raise PredictError(f"--strict: {sources['extrapolated'] + sources['miss']:.1%} of the time would come "
                                "from extrapolation or misses")
-        tokens = (self.req.global_batch or par.dp * par.micro_batch) * self.g.meta.seq_len
+        tokens = (par.global_batch or par.dp * par.micro_batch) * self.g.meta.seq_len
         return Prediction(
             iteration_ms=total_us / 1e3, breakdown=breakdown, peak_memory_gib=mem.peak_bytes / 2**30, fits=fits,
             memory={"weights_gib": mem.weights_bytes / 2**30, "grads_gib": mem.grads_bytes / 2**30,
@@ -728,7 +721,7 @@ class _Assemble:
         r, par = self.req, self.par
         return {"model": r.model_name, "gpu": self.eng.gpu.name, "precision": self.g.meta.setting, "dp": par.dp,
                 "tp": par.tp, "pp": par.pp, "micro_batch": par.micro_batch,
-                "global_batch": r.global_batch or par.dp * par.micro_batch, "micro_batches": par.micro_batches,
+                "global_batch": par.global_batch or par.dp * par.micro_batch, "micro_batches": par.micro_batches,
                 "seq_len": self.g.meta.seq_len, "optimizer": r.optimizer, "sequence_parallel": par.sequence_parallel,
                 "zero": par.zero, "recompute": "full" if par.recompute else "none", "gpus": par.gpus,
                 "layers": self.g.meta.model.get("num_layers"), "host_model": asdict(host),

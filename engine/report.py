@@ -22,7 +22,8 @@ def prediction_table(p: Prediction) -> str:
         f"{c['precision']}  seq {c['seq_len']}  micro-batch {c['micro_batch']} x {c['micro_batches']}  "
         f"global batch {c['global_batch']}  {c['optimizer']}"
         + ("  SP" if c["sequence_parallel"] else "") + (f"  ZeRO-{c['zero']}" if c["zero"] else "")
-        + ("  recompute" if c["recompute"] != "none" else ""),
+        + ("  recompute" if c["recompute"] != "none" else "")
+        + f"  [{c.get('framework', 'torch')}" + (f", {c['pp_schedule']}" if c["pp"] > 1 else "") + "]",
         "",
         f"iteration time   {p.iteration_ms:10.2f} ms      ({p.tokens_per_s:,.0f} tokens/s)",
     ]

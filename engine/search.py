@@ -16,6 +16,7 @@ from typing import Any
 from tp_query.schema.model_config import ModelSpec, parse_config
 from tp_query.schema.precision import Setting
 
+from .parallel import ParallelConfig
 from .predict import Engine, PredictError, Prediction, PredictRequest
 
 
@@ -40,19 +41,16 @@ class SearchSpace:
 
 @dataclass(frozen=True)
 class Candidate:
-    dp: int
-    tp: int
-    pp: int
-    micro_batch: int
+    """One point of the search: a precision and a (valid) parallel configuration."""
+
     precision: Setting
-    sequence_parallel: bool
-    zero: int
-    recompute: bool
+    parallel: ParallelConfig
 
     def label(self) -> str:
-        extra = ("+SP" if self.sequence_parallel else "") + (f"+Z{self.zero}" if self.zero else "") + \
-            ("+RC" if self.recompute else "")
-        return f"DP{self.dp} TP{self.tp} PP{self.pp} mb{self.micro_batch} {self.precision.value}{extra}"
+        p = self.parallel
+        extra = ("+SP" if p.sequence_parallel else "") + (f"+Z{p.zero}" if p.zero else "") + \
+            ("+RC" if p.recompute else "")
+        return f"DP{p.dp} TP{p.tp} PP{p.pp} mb{p.micro_batch} {self.precision.value}{extra}"
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ class Outcome:
     cost: float | None = None
 
     def row(self) -> dict[str, Any]:
-        c = asdict(self.candidate)
+        c = asdict(self.candidate.parallel)
         c["precision"] = self.candidate.precision.value
         return {**c, "label": self.candidate.label(), "iteration_ms": self.iteration_ms,
                 "tokens_per_s": self.tokens_per_s, "peak_memory_gib": self.peak_memory_gib, "fits": self.fits,
@@ -95,7 +93,8 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def invalid_reason(spec: ModelSpec, c: Candidate, space: SearchSpace) -> str:
+def invalid_reason(spec: ModelSpec, cand: Candidate, space: SearchSpace) -> str:
+    c = cand.parallel
     if c.tp > space.max_tp:
         return f"TP={c.tp} exceeds one host ({space.max_tp} GPUs)"
     for what, n in (("heads", spec.num_heads), ("KV heads", spec.num_kv_heads), ("FFN", spec.intermediate_size),
@@ -104,8 +103,6 @@ def invalid_reason(spec: ModelSpec, c: Candidate, space: SearchSpace) -> str:
             return f"TP={c.tp} does not divide {what} ({n})"
     if c.pp > spec.num_layers:
         return f"PP={c.pp} > {spec.num_layers} layers"
-    if space.global_batch % (c.dp * c.micro_batch):
-        return f"global batch {space.global_batch} not divisible by DP x micro-batch"
     if c.sequence_parallel and (c.tp == 1 or space.seq_len % c.tp):
         return "sequence parallelism needs TP > 1 dividing the sequence"
     if c.zero and c.dp == 1:
@@ -124,7 +121,11 @@ def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate,
                                                     space.zero_stages, space.recompute):
             if (sp and tp == 1) or (z and dp == 1):
                 continue  # the same configuration as without the option: skip silently
-            c = Candidate(dp, tp, pp, mb, prec, sp, z, rc)
+            if space.global_batch % (dp * mb) or (space.framework == "megatron" and z >= 2):
+                continue  # not a configuration of this job (or of this stack) at all
+            c = Candidate(prec, ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb, global_batch=space.global_batch,
+                                               sequence_parallel=sp, zero=z, recompute=rc,
+                                               framework=space.framework))
             yield c, invalid_reason(spec, c, space)
 
 
@@ -153,12 +154,12 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
         raise SearchError(f"no split of {space.gpus} GPUs is valid for this model: "
                           + (rejected[0].reason if rejected else "nothing to try"))
     # group by graph so each graph is traced once, then evaluate every variant
-    valid.sort(key=lambda c: (c.precision.value, c.micro_batch, c.tp, c.sequence_parallel, c.recompute))
+    valid.sort(key=lambda c: (c.precision.value, c.parallel.micro_batch, c.parallel.tp, c.parallel.sequence_parallel,
+                              c.parallel.recompute))
     eval_time = 0.0
     for i, c in enumerate(valid):
-        req = PredictRequest(model, name, engine.gpu.name, c.precision, c.dp, c.tp, c.pp, c.micro_batch,
-                             space.global_batch, space.seq_len, space.optimizer, c.sequence_parallel, c.zero,
-                             c.recompute, framework=space.framework)
+        req = PredictRequest(model=model, model_name=name, gpu=engine.gpu.name, setting=c.precision,
+                             parallel=c.parallel, seq_len=space.seq_len, optimizer=space.optimizer)
         try:
             engine.graph(req)  # trace (once per graph key) outside the timed evaluation
             te = time.perf_counter()

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from tp_query.schema.precision import Setting
 
 from .hostsim import HostModel
+from .parallel import ParallelConfig, PlanError
 from .predict import Engine, PredictError, PredictRequest
 
 
@@ -140,15 +141,17 @@ class Study:
                 self.stage_of[c.case_id] = {"first": 0, "middle": 1, "last": pp - 1}[stage]
             # What ran: the shard-shaped model on one GPU (for TP shards, a plain HF model of the shard), or
             # a distributed run with its split.
-            req = PredictRequest(shard_cfg, r["model"], engine.gpu.name, Setting(r["setting"]), dp=dp, tp=tp, pp=pp,
-                                 micro_batch=r["micro_batch"], global_batch=r["micro_batch"] * accum * dp,
-                                 seq_len=r["seq_len"], optimizer=r["optimizer"], **extra)
             try:
+                par = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=r["micro_batch"],
+                                     global_batch=r["micro_batch"] * accum * dp, **extra)
+                req = PredictRequest(model=shard_cfg, model_name=r["model"], gpu=engine.gpu.name,
+                                     setting=Setting(r["setting"]), parallel=par, seq_len=r["seq_len"],
+                                     optimizer=r["optimizer"])
                 self.assembled[c.case_id] = engine.assemble(req)
                 if with_baselines and c.status == "ok" and c.split != "distributed":
                     for name, s in self.BASELINES.items():
                         self.baseline_asm[(c.case_id, name)] = engine.assemble(replace(req, setting=s))
-            except PredictError as e:
+            except (PredictError, PlanError) as e:
                 c.error = str(e)
             self.cases.append(c)
 

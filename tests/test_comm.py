@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from tp_query.engine.parallel import ParallelConfig
 from tp_query.engine.predict import Engine, PredictRequest
 from tp_query.schema.precision import Setting
 
@@ -34,6 +35,7 @@ def test_comm_campaign_and_engine(cpu_db: Path, tmp_path: Path) -> None:
     again = _torchrun(out, 29612)  # resumable: nothing left to measure
     assert again.returncode == 0 and "[comm] measured 0 points" in again.stdout
     eng = Engine("cpu", str(root))
-    p = eng.predict(PredictRequest(TINY_LLAMA, "tiny", "cpu", Setting.AMP_BF16, tp=2, seq_len=64))
+    p = eng.predict(PredictRequest(model=TINY_LLAMA, model_name="tiny", gpu="cpu", setting=Setting.AMP_BF16,
+                                   parallel=ParallelConfig(tp=2), seq_len=64))
     assert p.sources.get("comm-measured", 0) > 0 and "comm-model" not in p.sources
     assert not any("alpha-beta" in w for w in p.warnings)

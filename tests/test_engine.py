@@ -8,16 +8,21 @@ from pathlib import Path
 
 import pytest
 from tp_query.engine.db import Database, DatabaseError
+from tp_query.engine.parallel import ParallelConfig, PlanError
 from tp_query.engine.predict import Engine, PredictError, PredictRequest
 from tp_query.schema.precision import Setting
 
 from .conftest import TINY_LLAMA
 
+PARALLEL = set(ParallelConfig.__dataclass_fields__)
+
 
 def req(**kw: object) -> PredictRequest:
+    """A request for the tiny model; split keywords go to its ParallelConfig (validated when built)."""
     base: dict = dict(model=TINY_LLAMA, model_name="tiny", gpu="cpu", setting=Setting.AMP_BF16, seq_len=64)
+    par = {k: kw.pop(k) for k in list(kw) if k in PARALLEL}
     base.update(kw)
-    return PredictRequest(**base)  # type: ignore[arg-type]
+    return PredictRequest(**base, parallel=ParallelConfig(**par))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +79,7 @@ def test_precision_changes_time_and_memory(eng: Engine) -> None:
     (dict(sequence_parallel=True), "needs TP > 1"),
 ])
 def test_impossible_requests(eng: Engine, kw: dict, msg: str) -> None:
-    with pytest.raises(PredictError, match=msg):
+    with pytest.raises((PredictError, PlanError), match=msg):  # a bad split cannot even be built
         eng.predict(req(**kw))
 
 
@@ -145,7 +150,7 @@ def test_megatron_core_is_its_own_graph_and_refuses_what_it_cannot_run(eng: Engi
     assert dp.breakdown["dp_comm_ms"] > 0 and dist.memory["optimizer_gib"] < dp.memory["optimizer_gib"]
     for kw, msg in ((dict(dp=2, zero=3), "distributed optimizer"), (dict(tp=2, sequence_parallel=True), "sequence"),
                     (dict(pp=2, global_batch=4, pp_schedule="gpipe"), "GPipe")):
-        with pytest.raises(PredictError, match=msg):
+        with pytest.raises((PredictError, PlanError), match=msg):
             eng.predict(req(setting=Setting.MP_BF16, framework="megatron", **kw))
 
 
@@ -155,5 +160,5 @@ def test_pipeline_schedules(eng: Engine) -> None:
     inter = eng.predict(req(pp=2, global_batch=8, pp_schedule="interleaved"))
     assert gpipe.peak_memory_gib > one.peak_memory_gib  # every micro-batch's activations in flight
     assert inter.config["pp_schedule"] == "interleaved" and inter.iteration_ms > 0
-    with pytest.raises(PredictError, match="interleaved"):
+    with pytest.raises((PredictError, PlanError), match="interleaved"):
         eng.predict(req(pp=3, global_batch=6, pp_schedule="interleaved"))

@@ -188,7 +188,7 @@ def test_graph_files_honour_or_refuse_every_flag(tmp_path: Path) -> None:
     from tp_query.engine.predict import PredictRequest, graph_for
     from tp_query.schema.precision import Setting
 
-    graph_for(PredictRequest(TINY_LLAMA, "tiny", "cpu", Setting.BF16, seq_len=64)).save(g)
+    graph_for(PredictRequest(model=TINY_LLAMA, model_name="tiny", gpu="cpu", setting=Setting.BF16, seq_len=64)).save(g)
     for flags, what in ((["--tp", "2"], "--tp 2"), (["--precision", "fp32"], "--precision fp32"),
                         (["--seq-len", "128"], "--seq-len 128"), (["--micro-batch", "2"], "--micro-batch 2")):
         r = _cli(["predict", str(g), *flags])

@@ -139,7 +139,7 @@ def test_database_on_object_storage(s3_server: str, cpu_db: Path, tmp_path: Path
     assert n_remote == n_local > 0
     from tp_query.engine.predict import PredictRequest
 
-    req = PredictRequest(TINY_LLAMA, "tiny", "cpu", Setting.AMP_BF16, seq_len=64)
+    req = PredictRequest(model=TINY_LLAMA, model_name="tiny", gpu="cpu", setting=Setting.AMP_BF16, seq_len=64)
     p = remote.predict(req)
     assert p.config["calibration"] == "s3://fleet/profiles/cpu/calibration.json"  # read from the bucket too
     assert p.iteration_ms > 0

@@ -42,12 +42,14 @@ def main() -> None:
     assert r.returncode == 0, r.stderr
     t_cold, r = run(cli, env)
     assert r.returncode == 0, r.stderr
+    from tp_query.engine.parallel import ParallelConfig
     from tp_query.engine.predict import Engine, PredictRequest
     from tp_query.schema.precision import Setting
 
     os.environ["TP_QUERY_CACHE"] = cache
     eng = Engine("h200")
-    req = PredictRequest(json.loads(LLAMA8B.read_text()), "llama3.1-8b", "h200", Setting.AMP_BF16, dp=2, tp=4)
+    req = PredictRequest(model=json.loads(LLAMA8B.read_text()), model_name="llama3.1-8b", gpu="h200",
+                         setting=Setting.AMP_BF16, parallel=ParallelConfig(dp=2, tp=4))
     eng.predict(req)
     n = 20
     t0 = time.perf_counter()
@@ -57,8 +59,9 @@ def main() -> None:
     code = (f"import os; os.environ['TP_QUERY_CACHE']={cache!r}\n"
             "import json; from tp_query.engine.predict import predict, PredictRequest\n"
             "from tp_query.schema.precision import Setting\n"
-            f"p = predict(PredictRequest(json.load(open({str(LLAMA70B)!r})), '70b', 'h200', Setting.AMP_BF16, "
-            "dp=1, tp=8, pp=4, global_batch=32))")
+            "from tp_query.engine.parallel import ParallelConfig\n"
+            f"p = predict(PredictRequest(model=json.load(open({str(LLAMA70B)!r})), model_name='70b', gpu='h200', "
+            "setting=Setting.AMP_BF16, parallel=ParallelConfig(dp=1, tp=8, pp=4, global_batch=32)))")
     rss70 = child_peak_rss_mb(code, env)
     from tp_query.engine.search import SearchSpace, search
 

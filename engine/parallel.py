@@ -1,0 +1,69 @@
+"""The parallel configuration of a job: one validated record (in the spirit of vLLM's ParallelConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+class PlanError(ValueError):
+    """An impossible parallel configuration (one line for the user)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """Every parallel dimension of one job, validated once when it is built (an invalid one cannot exist);
+    the request, the composer, the memory model, search, the CLI and the API all take this one record."""
+
+    dp: int = 1  # data-parallel replicas (DDP, FSDP2 or Megatron-Core DP)
+    tp: int = 1  # tensor-parallel degree (Megatron semantics)
+    pp: int = 1  # pipeline stages
+    micro_batch: int = 1  # sequences per micro-batch on one GPU
+    global_batch: int | None = None  # sequences per optimizer step; default dp x micro_batch
+    sequence_parallel: bool = False  # norms and residuals on seq/TP tokens (needs tp > 1)
+    zero: int = 0  # 0: DDP; 1: sharded optimizer state; 2, 3: FSDP2 reshard_after_forward False / True
+    recompute: bool = False  # full activation recomputation
+    pp_schedule: str = "1f1b"  # 1f1b | gpipe | interleaved (two model chunks per rank)
+    framework: str = "torch"  # torch (DDP/FSDP2/DTensor/pipelining) | megatron (Megatron-Core, local spec)
+    ddp_bucket_view: bool = False  # DDP(gradient_as_bucket_view=True)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def micro_batches(self) -> int:
+        gb = self.global_batch or self.dp * self.micro_batch
+        return gb // (self.dp * self.micro_batch)
+
+    # beyond any cluster or batch anyone plans: bigger is a typo or hostile input
+    LIMITS: ClassVar[dict[str, int]] = {"DP": 1 << 20, "TP": 1 << 12, "PP": 1 << 12, "micro-batch": 1 << 16,
+                                        "global batch": 1 << 31}
+
+    def validate(self) -> None:
+        for name, v in (("DP", self.dp), ("TP", self.tp), ("PP", self.pp), ("micro-batch", self.micro_batch),
+                        ("global batch", self.global_batch or self.dp * self.micro_batch)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise PlanError(f"{name} must be a positive integer, got {v!r}")
+            if v > self.LIMITS[name]:
+                raise PlanError(f"{name} {v} is beyond any real job (at most {self.LIMITS[name]})")
+        if self.micro_batches > 1 << 20:
+            raise PlanError(f"{self.micro_batches} micro-batches per step is beyond any real job")
+        gb = self.global_batch or self.dp * self.micro_batch
+        if gb <= 0 or gb % (self.dp * self.micro_batch):
+            raise PlanError(f"global batch {gb} is not a multiple of DP x micro-batch = {self.dp * self.micro_batch}")
+        if self.zero not in (0, 1, 2, 3):
+            raise PlanError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero}")
+        if self.sequence_parallel and self.tp == 1:
+            raise PlanError("sequence parallelism needs TP > 1")
+        if self.pp_schedule not in ("1f1b", "gpipe", "interleaved"):
+            raise PlanError(f"unknown pipeline schedule {self.pp_schedule!r}: 1f1b, gpipe or interleaved")
+        if self.framework not in ("torch", "megatron"):
+            raise PlanError(f"unknown framework {self.framework!r}: torch or megatron")
+        if self.framework == "megatron" and self.zero >= 2:
+            raise PlanError("Megatron-Core shards optimizer state only (its distributed optimizer): use --zero 1")
+        if self.framework == "megatron" and self.pp_schedule == "gpipe":
+            raise PlanError("Megatron-Core's schedules are 1F1B and interleaved 1F1B, not GPipe")
