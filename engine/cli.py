@@ -215,17 +215,30 @@ def db_verify(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
     _guard(go)
 
 
+@db_app.command("path")
+def db_path(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
+    """Print where the database of a GPU is read from (--db, else $TP_QUERY_DB, else the shipped one)."""
+    from tp_query.engine.db import default_root
+
+    def go() -> None:
+        root = db or default_root()
+        typer.echo(f"{str(root).rstrip('/')}/{gpu}")
+
+    _guard(go)
+
+
 @db_app.command("manifest")
 def db_manifest(
     adopt: Annotated[bool, typer.Option("--adopt", help="record every file as it is now (trusts them)")] = False,
     gpu: GpuOpt = "h200",
-    root: Annotated[Path, typer.Option("--root", help="the databases' folder")] = Path("data"),
+    root: Annotated[Path | None, typer.Option("--root", help="the databases' folder (default: see db path)")] = None,
 ) -> None:
     """Show the manifest, or record the files as they are (--adopt) for a database that has none."""
+    from tp_query.engine.db import default_root
     from tp_query.schema import manifest
 
     def go() -> None:
-        base = root / gpu
+        base = Path(root or default_root()) / gpu
         if not base.is_dir():
             raise UserError(f"no database folder {base}")
         if adopt:

@@ -26,10 +26,18 @@ class DatabaseError(RuntimeError):
     """Missing or unusable profile data (one line for the user)."""
 
 
-def default_root() -> Path:
-    """data/ of the checkout (or the installed package's shipped data)."""
-    here = Path(__file__).resolve().parent.parent
-    return here / "data"
+DB_ENV = "TP_QUERY_DB"
+
+
+def default_root() -> Path | str:
+    """Where databases live unless --db says: $TP_QUERY_DB (a folder or s3:// prefix), else data/ beside the
+    engine: the checkout's data/ folder, or the copy shipped inside the installed package (tp_query/data)."""
+    import os
+
+    env = os.environ.get(DB_ENV)
+    if env:
+        return env if "://" in env else Path(env)
+    return Path(__file__).resolve().parent.parent / "data"
 
 
 def available_gpus(root: Path) -> list[str]:
