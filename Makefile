@@ -70,10 +70,12 @@ validate-dist: $(NS)/tp_query
 report: $(STAMP)
 	$(BIN)/tp-query report --gpu $(GPU) --calibration-out data/$(GPU)/calibration.json
 
+# Whole processes, several runs each (minimum and median); fails when a target is missed. ARGS=--quick
+# searches a smaller space for the search figures.
 bench: $(STAMP)
-	$(BIN)/python tests/bench/bench_trust.py
-	$(BIN)/python tests/bench/bench_engine.py
-	$(BIN)/python tests/bench/bench_collector.py
+	rc=0; $(BIN)/python tests/bench/bench_trust.py || rc=1; \
+	$(BIN)/python tests/bench/bench_engine.py $(ARGS) || rc=1; \
+	$(BIN)/python tests/bench/bench_collector.py || rc=1; exit $$rc
 
 clean:
 	rm -rf $(VENV) $(NS) .pytest_cache .mypy_cache .ruff_cache

@@ -19,12 +19,13 @@ import numpy as np
 from tp_query.schema.gpus import GpuSpec, gpu_spec
 from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
 from tp_query.schema.ops import Family
-from tp_query.schema.precision import SETTINGS, DType, Setting
+from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import TensorSpec
 
 from .comm import CommModel
 from .compose import Composer, Item, StageWork
 from .db import Database
+from .flops import megatron_model_flops, parameter_count
 from .framework import (
     INTERLEAVED_CHUNKS,
     Framework,
@@ -95,6 +96,11 @@ class Prediction:
     tokens_per_s: float
     stages: list[dict[str, Any]] = field(default_factory=list)
     ops: list[OpRow] = field(default_factory=list)
+    parameters: int | None = None  # of the whole model, every rank together
+    model_flops: float | None = None  # Megatron-LM's count for one iteration
+    model_tflops_per_gpu: float | None = None
+    hardware_tflops_per_gpu: float | None = None  # every operator the GPUs run (recomputation, optimizer)
+    mfu: float | None = None  # model FLOPs / (time x GPUs x datasheet dense peak of the compute precision)
 
     def to_json(self, with_ops: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -600,7 +606,9 @@ class _Assemble:
         if self.req.strict and (sources.get("extrapolated", 0) > 0 or sources.get("miss", 0) > 0):
             raise PredictError(f"--strict: {sources['extrapolated'] + sources['miss']:.1%} of the time would come "
                                "from extrapolation or misses")
-        tokens = (par.global_batch or par.dp * par.micro_batch) * self.g.meta.seq_len
+        gb = par.global_batch or par.dp * par.micro_batch
+        tokens = gb * self.g.meta.seq_len
+        flops = self._flops(total_us, gb)
         return Prediction(
             iteration_ms=total_us / 1e3, breakdown=breakdown, peak_memory_gib=mem.peak_bytes / 2**30, fits=fits,
             memory={"weights_gib": mem.weights_bytes / 2**30, "grads_gib": mem.grads_bytes / 2**30,
@@ -612,8 +620,31 @@ class _Assemble:
             stages=[{"stage": s.index, "layers": s.layers, "fwd_ms": r["fwd_us"] / 1e3, "bwd_ms": r["bwd_us"] / 1e3,
                      "opt_ms": r["opt_us"] / 1e3, "peak_memory_gib": mm.peak_bytes / 2**30}
                     for s, r, mm in zip(self.stages, per_stage, mems, strict=True)],
-            ops=self._op_rows(op_rows) if self.with_ops else [],
+            ops=self._op_rows(op_rows) if self.with_ops else [], **flops,
         )
+
+    def _flops(self, total_us: float, global_batch: int) -> dict[str, Any]:
+        """MFU and achieved TFLOP/s per GPU (model FLOPs as Megatron counts them; hardware FLOPs as run)."""
+        par, g = self.par, self.g
+        spec = g.meta.model if g.meta.source == "config" else {}
+        model = megatron_model_flops(spec, global_batch, g.meta.seq_len) if spec else None
+        m = par.micro_batches
+        hw = 0.0
+        for st in self.stages:  # each DP replica and TP rank runs its stage's shard
+            per = m * (sum(it.info.flops for it in st.fwd) + sum(it.info.flops for it in st.bwd))
+            per += sum(it.info.flops for it in st.opt) + max(m - 1, 0) * sum(it.info.flops for it in st.accum)
+            hw += per * par.dp * par.tp
+        secs = total_us / 1e6
+        st_ = SETTINGS[Setting(g.meta.setting)]
+        dt = st_.autocast_dtype or st_.param_dtype
+        prec = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(
+            dt, Precision.TF32 if st_.allow_tf32 else Precision.FP32)
+        peak = (self.eng.gpu.datasheet_flops or self.eng.gpu.peak_flops).get(prec)
+        per_gpu_model = model / secs / par.gpus if model and secs > 0 else None
+        return {"parameters": parameter_count(spec) if spec else None, "model_flops": model,
+                "model_tflops_per_gpu": per_gpu_model / 1e12 if per_gpu_model else None,
+                "hardware_tflops_per_gpu": hw / secs / par.gpus / 1e12 if secs > 0 else None,
+                "mfu": per_gpu_model / peak if per_gpu_model and peak else None}
 
     def _dp_measured(self) -> bool:
         par = self.par

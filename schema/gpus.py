@@ -25,6 +25,7 @@ class GpuSpec:
     ib_bytes_per_s: float  # per GPU across hosts
     ib_latency_s: float
     max_sm_clock_mhz: int = 0
+    datasheet_flops: dict[Precision, float] | None = None  # dense peak as sold (MFU's denominator)
 
 
 H200 = GpuSpec(
@@ -34,6 +35,8 @@ H200 = GpuSpec(
                 Precision.FP8: 1500e12, Precision.INT: 51e12},
     nvlink_bytes_per_s=450e9, nvlink_latency_s=8e-6, ib_bytes_per_s=50e9, ib_latency_s=15e-6,
     max_sm_clock_mhz=1980,
+    datasheet_flops={Precision.FP32: 66.9e12, Precision.TF32: 494.7e12, Precision.FP16: 989.4e12,
+                     Precision.BF16: 989.4e12, Precision.FP8: 1978.9e12, Precision.INT: 66.9e12},
 )
 H100 = GpuSpec(
     name="h100", nvml_names=("H100",), memory_bytes=81559 * 2**20, context_bytes=600 * 2**20,
@@ -41,6 +44,8 @@ H100 = GpuSpec(
     peak_flops={Precision.FP32: 51e12, Precision.TF32: 377e12, Precision.FP16: 754e12, Precision.BF16: 776e12,
                 Precision.FP8: 1500e12, Precision.INT: 51e12},
     nvlink_bytes_per_s=450e9, nvlink_latency_s=8e-6, ib_bytes_per_s=50e9, ib_latency_s=15e-6,
+    datasheet_flops={Precision.FP32: 66.9e12, Precision.TF32: 494.7e12, Precision.FP16: 989.4e12,
+                     Precision.BF16: 989.4e12, Precision.FP8: 1978.9e12, Precision.INT: 66.9e12},
 )
 A100 = GpuSpec(
     name="a100", nvml_names=("A100",), memory_bytes=81920 * 2**20, context_bytes=500 * 2**20,
@@ -48,6 +53,8 @@ A100 = GpuSpec(
     peak_flops={Precision.FP32: 19e12, Precision.TF32: 140e12, Precision.FP16: 280e12, Precision.BF16: 280e12,
                 Precision.FP8: 280e12, Precision.INT: 19e12},
     nvlink_bytes_per_s=300e9, nvlink_latency_s=10e-6, ib_bytes_per_s=25e9, ib_latency_s=15e-6,
+    datasheet_flops={Precision.FP32: 19.5e12, Precision.TF32: 156e12, Precision.FP16: 312e12,
+                     Precision.BF16: 312e12, Precision.FP8: 312e12, Precision.INT: 19.5e12},
 )
 # A CPU "GPU" for the collector's CPU mode (tests): figures are rough and only used for rooflines.
 CPU = GpuSpec(

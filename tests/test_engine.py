@@ -162,3 +162,27 @@ def test_pipeline_schedules(eng: Engine) -> None:
     assert inter.config["pp_schedule"] == "interleaved" and inter.iteration_ms > 0
     with pytest.raises((PredictError, PlanError), match="interleaved"):
         eng.predict(req(pp=3, global_batch=6, pp_schedule="interleaved"))
+
+
+def test_mfu_and_parameters_match_an_independent_count(eng: Engine) -> None:
+    """Per-matrix FLOPs of a Llama step (forward 2 x MACs, backward twice that; causal attention counted
+    in full as Megatron does) against the prediction's MFU; parameters against a count of the tensors."""
+    from tp_query.schema.gpus import gpu_spec
+    from tp_query.schema.precision import Precision
+
+    c = TINY_LLAMA
+    h, L, nh, kv, ffn, v = (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                            c["num_key_value_heads"], c["intermediate_size"], c["vocab_size"])
+    hd = h // nh
+    p = eng.predict(req(dp=2, global_batch=4, setting=Setting.BF16))
+    tokens, s = 4 * 64, 64
+    per_token_layer = 2 * (h * nh * hd + 2 * h * kv * hd + nh * hd * h + 3 * h * ffn) + 2 * 2 * s * nh * hd
+    fwd = tokens * (L * per_token_layer + 2 * h * v)
+    model_flops = 3 * fwd
+    assert p.model_flops == pytest.approx(model_flops, rel=1e-9)
+    peak = gpu_spec("cpu").peak_flops[Precision.BF16]
+    expect = model_flops / (p.iteration_ms / 1e3) / 2 / peak
+    assert p.mfu == pytest.approx(expect, rel=0.01)
+    n_params = v * h + L * (h * nh * hd + 2 * h * kv * hd + nh * hd * h + 3 * h * ffn + 2 * h) + h + v * h
+    assert p.parameters == n_params
+    assert p.hardware_tflops_per_gpu and p.hardware_tflops_per_gpu > 0
