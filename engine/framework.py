@@ -77,6 +77,7 @@ class FrameworkData:
 
     overlap: list[dict[str, Any]] = field(default_factory=list)
     host: list[dict[str, Any]] = field(default_factory=list)
+    _extras: dict[tuple[str, str, str, int], HostExtra] = field(default_factory=dict, repr=False)
 
     def interference(self, ranks: int, precision_class: str) -> Interference:
         """The measured slowdowns for the compute class that dominates the step (tensor-core GEMMs in half
@@ -109,6 +110,12 @@ class FrameworkData:
         return out
 
     def host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
+        key = (framework, kind, setting, ranks)
+        if key not in self._extras:
+            self._extras[key] = self._host_extra(framework, kind, setting, ranks)
+        return self._extras[key]
+
+    def _host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
         rows = [r for r in self.host if r.get("status") == "ok" and r["framework"] == framework and r["kind"] == kind
                 and r.get("setting") == setting]
         if not rows:

@@ -229,6 +229,8 @@ class Engine:
         self.stage_times: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._stage_lists: dict[tuple[object, ...], Any] = {}
         self.item_segments: dict[tuple[int, int, str, int], Segment] = {}
+        self.segment_flops: dict[int, float] = {}
+        self.dp_overheads: dict[tuple[Any, ...], float] = {}
 
     def graph(self, req: PredictRequest) -> Graph:
         """The traced graph of a request, kept in memory (search asks for the same ones often)."""
@@ -623,6 +625,17 @@ class _Assemble:
             ops=self._op_rows(op_rows) if self.with_ops else [], **flops,
         )
 
+    def _seg_flops(self, seg: Segment) -> float:
+        """Operator FLOPs of a segment, once per segment (search shares segments across candidates)."""
+        cache = self.eng.segment_flops
+        k = id(seg)
+        if k not in cache:
+            if seg.parts is not None:
+                cache[k] = sum(self._seg_flops(p) * n for p, n in seg.parts)
+            else:
+                cache[k] = float(sum(it.info.flops for it in seg.items))
+        return cache[k]
+
     def _flops(self, total_us: float, global_batch: int) -> dict[str, Any]:
         """MFU and achieved TFLOP/s per GPU (model FLOPs as Megatron counts them; hardware FLOPs as run)."""
         par, g = self.par, self.g
@@ -630,9 +643,10 @@ class _Assemble:
         model = megatron_model_flops(spec, global_batch, g.meta.seq_len) if spec else None
         m = par.micro_batches
         hw = 0.0
-        for st in self.stages:  # each DP replica and TP rank runs its stage's shard
-            per = m * (sum(it.info.flops for it in st.fwd) + sum(it.info.flops for it in st.bwd))
-            per += sum(it.info.flops for it in st.opt) + max(m - 1, 0) * sum(it.info.flops for it in st.accum)
+        for raw in self.raw:  # each DP replica and TP rank runs its stage's shard
+            seg = cast(dict[str, Segment], raw)
+            per = m * (self._seg_flops(seg["fwd"]) + self._seg_flops(seg["bwd"])) + self._seg_flops(seg["opt"])
+            per += max(m - 1, 0) * self._seg_flops(seg["accum"])
             hw += per * par.dp * par.tp
         secs = total_us / 1e6
         st_ = SETTINGS[Setting(g.meta.setting)]
@@ -707,16 +721,26 @@ class _Assemble:
         return self.eng.framework.interference(self.par.dp, cls)
 
     def _dp_comm_us(self, s: StageWork, c: dict[str, Any]) -> float:
-        """Exposed data-parallel communication of a step (and the slowdown NCCL causes to compute beside it)."""
+        """Exposed data-parallel communication of a step (and the slowdown NCCL causes to compute beside it),
+        once per distinct (stage shape, split, precision): search evaluates many candidates that share them."""
         par = self.par
         if par.dp <= 1:
             return 0.0
+        shape = self.stage_shape(s, c)
+        key = (shape, s.param_numel, s.param_bytes, par.dp, par.tp, par.zero, par.framework,
+               par.micro_batches, self.req.setting)
+        hit = self.eng.dp_overheads.get(key)
+        if hit is None:
+            hit = self.eng.dp_overheads[key] = self._dp_comm_uncached(s, shape)
+        return hit
+
+    def _dp_comm_uncached(self, s: StageWork, shape: StageShape) -> float:
+        par = self.par
         spans = par.tp * par.dp > 8
 
         def comm(kind: str, nbytes: float) -> float:
             return self.eng.comm.estimate(kind, nbytes, par.dp, spans).us
 
-        shape = self.stage_shape(s, c)
         inter = self.interference()
         torch_fw = par.framework == Framework.TORCH
         hbm = self.eng.gpu.hbm_bytes_per_s
@@ -767,8 +791,9 @@ class _Assemble:
         for (phase, _), (it, count, us, src) in rows.items():
             shapes = " ".join("x".join(map(str, t.shape)) + f":{t.dtype}" for t in it.call.tensors()
                               if isinstance(t, TensorSpec))[:120]
-            out.append(OpRow(phase, it.call.op, it.info.kind, str(it.info.precision), shapes, count, us,
-                             us * count / 1e3, src))
+            comm = it.call.op.startswith("comm.")
+            out.append(OpRow(phase, it.call.op, "communication" if comm else it.info.kind,
+                             "-" if comm else str(it.info.precision), shapes, count, us, us * count / 1e3, src))
         out.sort(key=lambda r: -r.total_ms)
         return out
 
