@@ -214,6 +214,11 @@ class Database:
                     except duckdb.Error:
                         continue
 
+    def software_versions(self) -> list[dict[str, Any]]:
+        """The software stacks the operator rows were measured under (torch, CUDA, cuDNN, driver)."""
+        return self.sql("SELECT torch, cuda, cudnn, driver, count(*) AS rows FROM ops GROUP BY ALL ORDER BY rows DESC"
+                        ).to_pylist()
+
     def _check_keys(self) -> None:
         """One row per (key, run): a duplicate means a file was copied in or a campaign misbehaved."""
         row = self.con.execute("SELECT key, run, count(*) FROM ops GROUP BY ALL HAVING count(*) > 1 LIMIT 1"

@@ -223,6 +223,11 @@ class Engine:
         self.host = self._host_model(db_root)
         self.comm = CommModel(self.gpu, self._comm_table())
         self.framework = FrameworkData(self._optional_table("overlap"), self._optional_table("framework"))
+        stacks = self.db.software_versions()
+        self.version_warning = "" if len(stacks) <= 1 else (
+            f"the database mixes {len(stacks)} software stacks (" + "; ".join(
+                f"torch {v['torch']} CUDA {v['cuda']} cuDNN {v['cudnn']}: {v['rows']} rows" for v in stacks[:3])
+            + "): medians blend them")
         self._graphs: dict[str, Graph] = {}
         self._composers: dict[tuple[int, bool], Composer] = {}
         self._segments: dict[tuple[int, int], SegmentCache] = {}
@@ -603,6 +608,8 @@ class _Assemble:
             self.warnings.append(f"host-bound: {host_share:.0%} of the step is host overhead"
                                  + (" (DTensor dispatch and framework hooks, measured)" if extras else "")
                                  + "; eager PyTorch cannot keep the GPU busy at this size")
+        if self.eng.version_warning:
+            self.warnings.append(self.eng.version_warning)
         if self.eng.calibration_source.startswith("default"):
             self.warnings.append(f"host model: {self.eng.calibration_source}")
         if self.req.strict and (sources.get("extrapolated", 0) > 0 or sources.get("miss", 0) > 0):

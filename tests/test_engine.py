@@ -186,3 +186,25 @@ def test_mfu_and_parameters_match_an_independent_count(eng: Engine) -> None:
     n_params = v * h + L * (h * nh * hd + 2 * h * kv * hd + nh * hd * h + 3 * h * ffn + 2 * h) + h + v * h
     assert p.parameters == n_params
     assert p.hardware_tflops_per_gpu and p.hardware_tflops_per_gpu > 0
+
+
+def test_mixed_software_versions_are_named(cpu_db: Path, tmp_path: Path) -> None:
+    import dataclasses
+
+    import pyarrow.parquet as pq
+    from tp_query.collector.store import write_table
+    from tp_query.schema import manifest
+    from tp_query.schema.tables import OPS_SCHEMA, Provenance
+
+    root = tmp_path / "db"
+    shutil.copytree(cpu_db / "cpu", root / "cpu")
+    src = sorted((root / "cpu" / "ops").glob("*.parquet"))[0]
+    rows = pq.read_table(src).to_pylist()[:3]
+    prov = Provenance.from_json(pq.read_metadata(src).metadata[b"tp_query"])
+    newer = dataclasses.replace(prov, torch="9.9.9")
+    for r in rows:
+        r.update(torch="9.9.9", key=r["key"] + "-new")
+    write_table(root / "cpu" / "ops" / "zz-newer.parquet", rows, OPS_SCHEMA, newer)
+    manifest.adopt(root / "cpu", "cpu")
+    p = Engine("cpu", str(root)).predict(req())
+    assert any("mixes 2 software stacks" in w and "9.9.9" in w for w in p.warnings)
