@@ -182,11 +182,12 @@ class Composer:
         return [_call_item(OpCall("aten.add_.Tensor", (_spec(p), _spec(p))), Phase.BWD, self.allow_tf32)
                 for p in params]
 
-    def ddp_items(self, params: list[ParamRecord], dp: int, bucket_bytes: int = 25 * 2**20) -> list[Item]:
-        """DDP (gradient_as_bucket_view=False): copy each grad into its bucket and back, divide each
-        bucket by the world size."""
+    def ddp_items(self, params: list[ParamRecord], dp: int, copies: bool = True,
+                  bucket_bytes: int = 25 * 2**20) -> list[Item]:
+        """PyTorch DDP: with gradient_as_bucket_view=False (copies) each grad is copied into its bucket and
+        back; every bucket is divided by the world size."""
         out = []
-        for p in params:
+        for p in params if copies else []:
             s = _spec(p)
             out.append(_call_item(OpCall("aten.copy_.default", (s, s)), Phase.BWD, self.allow_tf32))
             out.append(_call_item(OpCall("aten.copy_.default", (s, s)), Phase.OPT, self.allow_tf32))
@@ -223,14 +224,16 @@ class Composer:
                 bwd_parts = ([(Section.HEAD, 1)] if last else []) + [(Section.LAYER, n)] + \
                     ([(Section.EMBED, 1)] if first else [])
             shards = par.dp if par.zero >= 1 else 1
-            key = (self.param_key, first, last, n, shards, par.micro_batches > 1 and par.zero < 2,
-                   par.dp if par.zero == 0 else 1)
+            # PyTorch DDP's own kernels (Megatron-Core scales its gradient buffer in its DDP model instead)
+            ddp_dp = par.dp if par.zero == 0 and par.framework == "torch" else 1
+            key = (self.param_key, first, last, n, shards, par.micro_batches > 1 and par.zero < 2, ddp_dp,
+                   par.ddp_bucket_view)
             cached = self._stage_cache.get(key)
             if cached is None:
                 params = self.stage_params(first, last, n)
                 cached = (params, self.optimizer_items(params, shards),
                           self.accumulate_items(params) if key[5] else [],
-                          self.ddp_items(params, par.dp) if key[6] > 1 else [],
+                          self.ddp_items(params, par.dp, copies=not par.ddp_bucket_view) if ddp_dp > 1 else [],
                           sum(p.numel for p in params), sum(p.numel * DType(p.dtype).itemsize for p in params))
                 self._stage_cache[key] = cached
             params, opt, accum, ddp, numel, nbytes = cached

@@ -440,7 +440,7 @@ def in_flight_microbatches(stage: int, pp: int, m: int, schedule: PipeSchedule) 
     return float(min(pp - stage, m))
 
 
-def pipelining_retained_outputs(schedule: PipeSchedule, framework: str) -> bool:
+def pipelining_retained_outputs(framework: str) -> bool:
     """torch.distributed.pipelining keeps every micro-batch's stage output until the step ends (to merge
     them); on the last stage that is the logits of all micro-batches. Megatron frees them per micro-batch."""
     return framework == Framework.TORCH

@@ -76,7 +76,7 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     if not graph.meta.traced_layers:
         act_mb = mp.fwd_end_bytes
     acts = int(in_flight * act_mb)
-    if par.pp > 1 and stage.last and pipelining_retained_outputs(sched, par.framework):
+    if par.pp > 1 and stage.last and pipelining_retained_outputs(par.framework):
         acts += m * _logits_bytes(graph, par)  # kept in the stage's output chunks until the step ends
     grads_live = g if m > 1 else 0  # later micro-batches run with the gradients of earlier ones
     head = mp.head_peak_bytes if stage.last else 0
