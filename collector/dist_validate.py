@@ -508,7 +508,8 @@ def _row(case: DistCase, per_rank: list[dict[str, Any]] | None, status: str, rea
     return base
 
 
-def run_campaign(cases: list[DistCase], out: Path, gpu: str, budget_s: float | None = None) -> int:
+def run_campaign(cases: list[DistCase], out: Path, gpu: str, budget_s: float | None = None,
+                 retry_errors: bool = False) -> int:
     """Every rank runs every case; rank 0 records. A case left started by a killed job is recorded as failed."""
     cpu = gpu == "cpu"
     device = torch.device("cpu") if cpu else torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -520,12 +521,12 @@ def run_campaign(cases: list[DistCase], out: Path, gpu: str, budget_s: float | N
     attempts = out / ".dist-attempts"
     todo: list[str] = []
     if store is not None:
-        done = {k[0] for k in store.done_keys()}
+        done = {k[0] for k in store.done_keys(ok_only=retry_errors)}  # a retried failure replaces its row
         started = set(attempts.read_text().split()) if attempts.exists() else set()
         for c in cases:
             if c.case_id in done:
                 continue
-            if c.case_id in started:  # the job died inside this case: a failure row, not a retry loop
+            if c.case_id in started and not retry_errors:  # the job died inside it: a failure row, not a loop
                 store.append(_row(c, None, "error", "the job died during this case (killed, hung or crashed)",
                                   prov, 0))
                 continue
@@ -579,7 +580,7 @@ def gc_cuda(device: torch.device) -> None:
 
 
 def main_dist(gpu: str, out: Path, only: str | None, budget_s: float | None, frameworks: str,
-              tiny_model: Path | None = None) -> None:
+              tiny_model: Path | None = None, retry_errors: bool = False) -> None:
     from datetime import timedelta
 
     cpu = gpu == "cpu"
@@ -594,7 +595,7 @@ def main_dist(gpu: str, out: Path, only: str | None, budget_s: float | None, fra
     if only:
         cases = [c for c in cases if any(s in c.case_id for s in only.split(","))]
     try:
-        n = run_campaign(cases, out, gpu, budget_s)
+        n = run_campaign(cases, out, gpu, budget_s, retry_errors)
         if dist.get_rank() == 0:
             print(f"[dist-validate] ran {n} cases")
     finally:
