@@ -346,6 +346,10 @@ def search(
     gpu: GpuOpt = "h200",
     db: DbOpt = None,
     framework: FrameworkOpt = "torch",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="every configuration with its outcome, "
+                                                "as .parquet or .csv")] = None,
+    emit: Annotated[str | None, typer.Option(help="print how to launch the fastest configuration: "
+                                                  "torchrun | megatron")] = None,
 ) -> None:
     """Search DP/TP/PP, micro-batch, precision, SP, ZeRO and recomputation for N GPUs; rank by speed."""
 
@@ -354,6 +358,10 @@ def search(
         from tp_query.engine.search import SearchError, SearchSpace
         from tp_query.engine.search import search as run_search
 
+        if output is not None and output.suffix not in (".parquet", ".csv"):
+            raise UserError(f"--output must end in .parquet or .csv, got {output.name!r}")
+        if emit not in (None, "torchrun", "megatron"):
+            raise UserError(f"--emit must be torchrun or megatron, got {emit!r}")
         precs = list(Setting) if precision and "all" in precision else [Setting(p) for p in (precision or ["amp_bf16"])]
         space = SearchSpace(gpus, global_batch, seq_len, tuple(precs), tuple(micro_batch or (1, 2, 4, 8)),
                             optimizer=optimizer, framework=framework)
@@ -377,6 +385,17 @@ def search(
             hint = f"; the smallest footprint is {best.candidate.label()} at {best.peak_memory_gib:.0f} GiB" if best else ""
             raise UserError(f"no configuration of {gpus} GPUs fits this model{hint}")
         shown = res.ranked[:top] if top > 0 else res.ranked
+        if output is not None:
+            frame = res.to_polars(include_rejected=True)
+            if output.suffix == ".parquet":
+                frame.write_parquet(output)
+            else:
+                frame.write_csv(output)
+        if emit is not None:
+            from tp_query.engine.search import launch_command
+
+            typer.echo(launch_command(res.ranked[0], emit, str(model), seq_len))
+            return
         if as_json:
             typer.echo(json.dumps({"evaluated": res.evaluated, "seconds": res.seconds,
                                    "ranked": [o.row() for o in shown],

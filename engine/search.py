@@ -182,3 +182,36 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
             progress(i + 1, len(valid))
     ranked.sort(key=lambda o: o.iteration_ms or float("inf"))
     return SearchResult(ranked, rejected, len(valid), time.perf_counter() - t0, eval_time)
+
+
+def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node: int = 8) -> str:
+    """How to launch a configuration: torchrun flags for a PyTorch-native script (the parallel sizes as the
+    script's arguments), or Megatron-LM's pretrain_gpt.py arguments."""
+    p = o.candidate.parallel
+    prec = o.candidate.precision.value
+    gpus = p.dp * p.tp * p.pp
+    nodes = max(1, -(-gpus // gpus_per_node))
+    per_node = min(gpus, gpus_per_node)
+    head = (f"# {o.candidate.label()}: {o.iteration_ms:.1f} ms per iteration, {o.peak_memory_gib:.1f} GiB per GPU "
+            "(predicted)")
+    if how == "megatron":
+        args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}",
+                f"--micro-batch-size {p.micro_batch}", f"--global-batch-size {p.global_batch}",
+                f"--seq-length {seq_len}"]
+        args.append({"mp_bf16": "--bf16", "mp_fp16": "--fp16", "bf16": "--bf16", "fp16": "--fp16"}.get(prec, ""))
+        if p.sequence_parallel:
+            args.append("--sequence-parallel")
+        if p.zero >= 1:
+            args.append("--use-distributed-optimizer")
+        if p.recompute:
+            args.append("--recompute-granularity full --recompute-method uniform")
+        return head + f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py " + \
+            " ".join(a for a in args if a)
+    dp_kind = {0: "ddp", 1: "zero1", 2: "fsdp2 --reshard-after-forward false", 3: "fsdp2"}[p.zero]
+    return head + (f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} train.py --config {model} "
+                   f"--dp {p.dp} --tp {p.tp} --pp {p.pp} --data-parallel {dp_kind} --micro-batch {p.micro_batch} "
+                   f"--global-batch {p.global_batch} --seq-len {seq_len} --precision {prec}"
+                   + (" --sequence-parallel" if p.sequence_parallel else "")
+                   + (" --activation-checkpointing full" if p.recompute else "")
+                   + f" --pp-schedule {p.pp_schedule}"
+                   + "\n# train.py: your script; its flags are the parallel sizes to build the device mesh with")

@@ -151,3 +151,27 @@ def test_database_on_object_storage(s3_server: str, cpu_db: Path, tmp_path: Path
     with pytest.raises(DatabaseError, match=f"{rel}: checksum mismatch"):
         Engine("cpu", "s3://fleet/profiles")
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Path, tiny_llama_file: Path,
+                                                                       tmp_path: Path) -> None:
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    base = ["search", str(tiny_llama_file), "--gpus", "4", "--global-batch", "8", "--seq-len", "64", "--gpu", "cpu",
+            "--db", str(cpu_db)]
+    r = run_cli(*base, "--output", str(tmp_path / "all.parquet"), "--json")
+    assert r.returncode == 0, r.stderr
+    t = pq.read_table(tmp_path / "all.parquet")
+    shown = json.loads(r.stdout)
+    assert t.num_rows >= len(shown["ranked"]) > 0 and {"dp", "tp", "pp", "iteration_ms", "fits"} <= set(t.column_names)
+    r = run_cli(*base, "--output", str(tmp_path / "all.csv"), "--emit", "megatron")
+    assert r.returncode == 0, r.stderr
+    assert pacsv.read_csv(tmp_path / "all.csv").num_rows == t.num_rows
+    best = shown["ranked"][0]
+    assert f"--tensor-model-parallel-size {best['tp']} " in r.stdout and "pretrain_gpt.py" in r.stdout
+    assert "--global-batch-size 8" in r.stdout
+    r = run_cli(*base, "--emit", "torchrun")
+    assert r.returncode == 0 and f"--dp {best['dp']} --tp {best['tp']} --pp {best['pp']}" in r.stdout
+    r = run_cli(*base, "--output", str(tmp_path / "x.xlsx"))
+    assert r.returncode == 2 and "--output must end in .parquet or .csv" in r.stderr
