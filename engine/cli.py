@@ -154,6 +154,7 @@ def ops(
     top: Annotated[int, typer.Option(help="rows to show (0: all)")] = 40,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     db: DbOpt = None,
+    by: Annotated[str, typer.Option(help="op (every call) | kind | phase: roll the rows up")] = "op",
 ) -> None:
     """List the per-operator rows behind a prediction (slowest stage, one iteration)."""
     from tp_query.engine.predict import Engine
@@ -162,7 +163,22 @@ def ops(
     def go() -> None:
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
                        sequence_parallel, zero, recompute, False, db)
+        if by not in ("op", "kind", "phase"):
+            raise UserError(f"--by must be op, kind or phase, got {by!r}")
         p = Engine(req.gpu, req.db_root).predict(req, with_ops=True)
+        if by != "op":
+            from tp_query.engine.report import rollup
+
+            groups = rollup(p.ops, by)
+            if as_json:
+                typer.echo(json.dumps(groups, indent=1, default=float))
+            else:
+                w = max(len(str(g[by])) for g in groups)
+                total = sum(g["total_ms"] for g in groups) or 1.0
+                typer.echo("\n".join([f"{by:<{w}} {'calls':>8} {'total ms':>10} {'share':>7}"] + [
+                    f"{g[by]:<{w}} {g['calls']:>8} {g['total_ms']:>10.3f} {100 * g['total_ms'] / total:>6.1f}%"
+                    for g in groups]))
+            return
         rows = p.ops if top <= 0 else p.ops[:top]
         if as_json:
             typer.echo(json.dumps([r.__dict__ for r in rows], indent=1, default=float))

@@ -62,6 +62,17 @@ def ops_table(rows: list[OpRow], p: Prediction) -> str:
     return "\n".join(out)
 
 
+def rollup(rows: list[OpRow], by: str) -> list[dict[str, Any]]:
+    """Operator rows summed by kind (GEMM, attention, norm, communication, ...) or by phase, largest first."""
+    acc: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        k = getattr(r, by)
+        g = acc.setdefault(k, {by: k, "calls": 0, "total_ms": 0.0})
+        g["calls"] += r.count
+        g["total_ms"] += r.total_ms
+    return sorted(acc.values(), key=lambda g: -g["total_ms"])
+
+
 def arrow_table_text(t: pa.Table, limit: int = 50) -> str:
     cols = t.column_names
     rows = t.slice(0, limit).to_pylist()

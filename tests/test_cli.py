@@ -90,3 +90,18 @@ def test_trace_a_user_module(tmp_path: Path, cpu_db: Path) -> None:
     assert json.loads(r.stdout)["iteration_ms"] > 0
     r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--tp", "2")
     assert r.returncode == 2 and "runs as traced" in r.stderr
+
+
+def test_ops_roll_up_by_kind_and_phase(cpu_db: Path, tiny_llama_file: Path) -> None:
+    base = ["ops", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db), "--seq-len", "64", "--tp", "2"]
+    r = run_cli(*base, "--top", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    for by in ("kind", "phase"):
+        r = run_cli(*base, "--by", by, "--json")
+        assert r.returncode == 0, r.stderr
+        groups = json.loads(r.stdout)
+        assert sum(g["total_ms"] for g in groups) == pytest.approx(sum(x["total_ms"] for x in rows))
+        assert sum(g["calls"] for g in groups) == sum(x["count"] for x in rows)
+    assert "communication" in {g["kind"] for g in json.loads(run_cli(*base, "--by", "kind", "--json").stdout)}
+    assert run_cli(*base, "--by", "layer").returncode == 2
