@@ -478,7 +478,7 @@ def plot(
             series = P.latency_series(Database(gpu, db), kind)
             if not series:
                 raise UserError(f"no measurements of kind {kind!r} in the {gpu} database")
-            P.save(P.Chart("lines", f"{kind} latency on {gpu.upper()} by precision",
+            P.save(P.Chart("points", f"{kind} latency on {gpu.upper()} by precision",
                            "FLOP" if series[0].name.endswith("(flops)") else "bytes moved", "latency (us)",
                            series=series), out)
         else:

@@ -136,7 +136,10 @@ def stacked_bars(labels: list[str], parts: dict[str, list[float]], title: str, y
     return c.svg()
 
 
-def lines_loglog(series: list[Series], title: str, xlabel: str, ylabel: str, w: int = 760, h: int = 520) -> str:
+def lines_loglog(series: list[Series], title: str, xlabel: str, ylabel: str, w: int = 760, h: int = 520,
+                 joined: bool = True) -> str:
+    """Log-log axes of their own for x and y; `joined=False` draws points only (measurements of different
+    shapes are not a curve)."""
     xs = [x for s in series for x in s.xs if x > 0]
     ys = [y for s in series for y in s.ys if y > 0]
     xlo, xhi = min(xs) / 1.2, max(xs) * 1.2
@@ -160,11 +163,11 @@ def lines_loglog(series: list[Series], title: str, xlabel: str, ylabel: str, w: 
     for i, s in enumerate(series):
         col = PALETTE[i % 10]
         pts = sorted((x, y) for x, y in zip(s.xs, s.ys, strict=True) if x > 0 and y > 0)
-        if pts:
+        if pts and joined:
             d = " ".join(f"{'M' if k == 0 else 'L'}{X(x):.1f},{Y(y):.1f}" for k, (x, y) in enumerate(pts))
             c.add(f'<path d="{d}" fill="none" stroke="{col}" stroke-width="2"/>')
-            for x, y in pts:
-                c.add(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="2.5" fill="{col}"/>')
+        for x, y in pts:
+            c.add(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="2.5" fill="{col}"/>')
         ly = mt + 14 + 18 * i
         c.add(f'<line x1="{ml + pw + 12}" y1="{ly - 4}" x2="{ml + pw + 28}" y2="{ly - 4}" stroke="{col}" '
               'stroke-width="3"/>')
@@ -186,7 +189,7 @@ def write(svg: str, path: Path) -> Path:
 class Chart:
     """One picture, rendered as SVG here or as PNG through matplotlib."""
 
-    kind: str  # "bars" | "lines" | "scatter"
+    kind: str  # "bars" | "lines" | "points" (own x and y axes, not joined) | "scatter" (predicted vs measured)
     title: str
     xlabel: str
     ylabel: str
@@ -197,21 +200,30 @@ class Chart:
     def svg(self) -> str:
         if self.kind == "bars":
             return stacked_bars(self.labels or [], self.parts or {}, self.title, self.ylabel)
-        if self.kind == "lines":
-            return lines_loglog(self.series or [], self.title, self.xlabel, self.ylabel)
+        if self.kind in ("lines", "points"):
+            return lines_loglog(self.series or [], self.title, self.xlabel, self.ylabel, joined=self.kind == "lines")
         return scatter_loglog(self.series or [], self.title, self.xlabel, self.ylabel)
 
 
+RASTER_OR_VECTOR = (".png", ".pdf", ".svg")
+
+
 def save(chart: Chart, path: Path) -> Path:
-    if path.suffix.lower() != ".png":
-        return write(chart.svg(), path)
+    """The file is what its suffix says: SVG drawn here (no library needed), or PNG, PDF and SVG through
+    matplotlib when it is installed. Any other suffix, or PNG/PDF without matplotlib, is refused."""
+    suffix = path.suffix.lower()
+    if suffix not in RASTER_OR_VECTOR:
+        raise ValueError(f"plot files are .svg, .png or .pdf, not {path.name!r}")
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ValueError("PNG output needs matplotlib (pip install 'tp-query[plot]'); .svg needs nothing") from None
+        if suffix == ".svg":
+            return write(chart.svg(), path)
+        raise ValueError(f"{suffix} output needs matplotlib (pip install 'tp-query[plot]'); .svg needs nothing"
+                         ) from None
     fig, ax = plt.subplots(figsize=(9, 5.5))
     if chart.kind == "bars":
         bottom = [0.0] * len(chart.labels or [])
@@ -221,8 +233,7 @@ def save(chart: Chart, path: Path) -> Path:
         ax.tick_params(axis="x", rotation=30)
     else:
         for s in chart.series or []:
-            style = "-o" if chart.kind == "lines" else "o"
-            ax.plot(s.xs, s.ys, style, label=s.name, markersize=3)
+            ax.plot(s.xs, s.ys, "-o" if chart.kind == "lines" else "o", label=s.name, markersize=3)
         ax.set_xscale("log")
         ax.set_yscale("log")
     ax.set_title(chart.title)
@@ -231,7 +242,7 @@ def save(chart: Chart, path: Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format=suffix[1:])
     plt.close(fig)
     return path
 

@@ -79,9 +79,24 @@ def test_plots(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
     out2 = tmp_path / "l.svg"
     r = run_cli("plot", "latency", "--kind", "mm", "--gpu", "cpu", "--db", str(cpu_db), "-o", str(out2))
     assert r.returncode == 0, r.stderr
-    assert "<path" in out2.read_text()
+    latency = out2.read_text()
+    assert "<circle" in latency and "<path" not in latency  # measurements of different shapes: points only
     r = run_cli("plot", "latency", "--kind", "nope", "--gpu", "cpu", "--db", str(cpu_db), "-o", str(out2))
     assert r.returncode == 2 and "no measurements" in r.stderr
+    for name in ("l.txt", "l.pdf", "l.png"):  # a file is what its suffix says, or it is not written
+        r = run_cli("plot", "latency", "--kind", "mm", "--gpu", "cpu", "--db", str(cpu_db), "-o",
+                    str(tmp_path / name))
+        try:
+            import matplotlib  # noqa: F401
+
+            has_mpl = name != "l.txt"
+        except ImportError:
+            has_mpl = False
+        if has_mpl:
+            head = (tmp_path / name).read_bytes()[:8]
+            assert r.returncode == 0 and head.startswith(b"%PDF" if name.endswith("pdf") else b"\x89PNG")
+        else:
+            assert r.returncode == 2 and not (tmp_path / name).exists() and len(r.stderr.strip().splitlines()) == 1
 
 
 def _free_port() -> int:

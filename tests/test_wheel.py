@@ -54,6 +54,11 @@ def test_the_installed_wheel_runs_from_another_folder(installed: Path, tmp_path:
     assert p["iteration_ms"] > 0 and p["config"]["calibration"].startswith(str(installed))
     r = _run(installed, tmp_path, "sql", "SELECT count(*) AS n FROM ops_ok", "--format", "json")
     assert r.returncode == 0 and json.loads(r.stdout)[0]["n"] > 10_000, r.stderr
+    r = _run(installed, tmp_path, "db", "info")
+    assert r.returncode == 0 and "h200" in r.stdout.lower(), r.stderr
+    r = _run(installed, tmp_path, "search", str(model), "--gpus", "2", "--global-batch", "2", "--micro-batch", "1",
+             "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ranked"], r.stderr
     r = _run(installed, tmp_path, "--version")
     assert r.returncode == 0 and r.stdout.startswith("tp-query "), r.stderr
     r = _run(installed, tmp_path, "plot", "latency", "--kind", "mm", "-o", str(tmp_path / "mm.svg"))
