@@ -53,6 +53,19 @@ PrecisionOpt = Annotated[Setting, typer.Option("--precision", help="training pre
 FrameworkOpt = Annotated[str, typer.Option("--framework", help="torch (DDP/FSDP2/DTensor/pipelining) | megatron")]
 PipeOpt = Annotated[str, typer.Option("--pp-schedule", help="1f1b | gpipe | interleaved (2 chunks per rank)")]
 BucketViewOpt = Annotated[bool, typer.Option("--ddp-bucket-view", help="DDP(gradient_as_bucket_view=True)")]
+SystemOpt = Annotated[str | None, typer.Option("--system", help="a TOML system file or a preset "
+                                               "(h200-sxm-8x-ndr, h100-sxm-8x-ndr): GPUs per node, links, price")]
+
+
+def _system(ref: str | None) -> Any:
+    from tp_query.schema.system import SystemError_, load_system
+
+    if ref is None:
+        return None
+    try:
+        return load_system(ref)
+    except SystemError_ as e:
+        raise UserError(str(e)) from None
 
 
 def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Setting | None, seq_len: int | None,
@@ -121,6 +134,7 @@ def predict(
     framework: FrameworkOpt = "torch",
     pp_schedule: PipeOpt = "1f1b",
     ddp_bucket_view: BucketViewOpt = False,
+    system: SystemOpt = None,
 ) -> None:
     """Predict one training iteration: time, breakdown, peak memory and a fits/OOM verdict."""
     from tp_query.engine.predict import predict as run
@@ -129,7 +143,7 @@ def predict(
     def go() -> None:
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
                        sequence_parallel, zero, recompute, strict, db, framework, pp_schedule, ddp_bucket_view)
-        p = run(req)
+        p = run(req, system=_system(system))
         if as_json:
             typer.echo(json.dumps(p.to_json(), indent=1, default=float))
         else:
@@ -366,6 +380,7 @@ def search(
                                                 "as .parquet or .csv")] = None,
     emit: Annotated[str | None, typer.Option(help="print how to launch the fastest configuration: "
                                                   "torchrun | megatron")] = None,
+    system: SystemOpt = None,
 ) -> None:
     """Search DP/TP/PP, micro-batch, precision, SP, ZeRO and recomputation for N GPUs; rank by speed."""
 
@@ -390,7 +405,10 @@ def search(
                 err.flush()
 
         try:
-            res = run_search(Engine(gpu, db), cfg, space, tokens, price_per_gpu_hour, model.stem, prog)
+            sysspec = _system(system)
+            price = price_per_gpu_hour if price_per_gpu_hour is not None else (
+                sysspec.price_per_gpu_hour if sysspec else None)
+            res = run_search(Engine(gpu, db, sysspec), cfg, space, tokens, price, model.stem, prog)
         except SearchError as e:
             raise UserError(str(e)) from None
         if err.isatty():
@@ -421,7 +439,7 @@ def search(
         head = f"{'#':>3} {'configuration':<42} {'iter ms':>9} {'tokens/s':>11} {'GiB':>6}"
         if tokens:
             head += f" {'days':>7}"
-        if price_per_gpu_hour is not None and tokens:
+        if price is not None and tokens:
             head += f" {'cost':>12}"
         lines = [f"{res.evaluated} configurations evaluated ({res.seconds:.1f} s, "
                  f"{res.evaluated / max(res.eval_seconds, 1e-9):,.0f}/s after tracing); {len(res.ranked)} fit", head]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tp_query.schema.gpus import GpuSpec, bus_factor
+from tp_query.schema.system import SystemSpec
 
 from .lookup import Source
 
@@ -28,8 +29,15 @@ class CommEstimate:
 
 
 class CommModel:
-    def __init__(self, gpu: GpuSpec, table: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, gpu: GpuSpec, table: list[dict[str, Any]] | None = None,
+                 system: SystemSpec | None = None) -> None:
+        """Link figures from the system file when given, else the GPU's own (one node of GPUS_PER_HOST)."""
         self.gpu = gpu
+        self.gpus_per_node = system.gpus_per_node if system else GPUS_PER_HOST
+        self.nvlink = (system.nvlink_bytes_per_s, system.nvlink_latency_s) if system else \
+            (gpu.nvlink_bytes_per_s, gpu.nvlink_latency_s)
+        self.network = (system.network_bytes_per_s, system.network_latency_s) if system else \
+            (gpu.ib_bytes_per_s, gpu.ib_latency_s)
         by: dict[tuple[str, int], dict[float, list[float]]] = {}
         for r in table or []:
             if r.get("status") == "ok" and r.get("latency_us"):
@@ -43,7 +51,7 @@ class CommModel:
             k: sorted((b, statistics.median(ts)) for b, ts in v.items()) for k, v in by.items()}
 
     def link(self, ranks: int, spans_hosts: bool) -> str:
-        return "ib" if spans_hosts or ranks > GPUS_PER_HOST else "nvlink"
+        return "ib" if spans_hosts or ranks > self.gpus_per_node else "nvlink"
 
     def estimate(self, collective: str, nbytes: float, ranks: int, spans_hosts: bool = False) -> CommEstimate:
         if ranks <= 1 or nbytes <= 0:
@@ -52,8 +60,7 @@ class CommModel:
         pts = self.table.get((collective, ranks)) if link == "nvlink" else None
         if pts and len(pts) >= 2:
             return CommEstimate(_interp_loglog(pts, nbytes), Source.COMM_MEASURED, link)
-        bw = self.gpu.nvlink_bytes_per_s if link == "nvlink" else self.gpu.ib_bytes_per_s
-        lat = self.gpu.nvlink_latency_s if link == "nvlink" else self.gpu.ib_latency_s
+        bw, lat = self.nvlink if link == "nvlink" else self.network
         steps = 2 * (ranks - 1) if collective == "all_reduce" else (ranks - 1 if collective != "send_recv" else 1)
         t = steps * lat / max(1, math.log2(ranks) if collective == "all_reduce" else 1) + \
             bus_factor(collective, ranks) * nbytes / bw

@@ -21,6 +21,7 @@ from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
 from tp_query.schema.ops import Family
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import TensorSpec
+from tp_query.schema.system import SystemSpec
 
 from .comm import CommModel
 from .compose import Composer, Item, StageWork
@@ -213,7 +214,7 @@ def graph_for(req: PredictRequest) -> Graph:
 class Engine:
     """Holds the database connection and caches shared across predictions (search reuses it)."""
 
-    def __init__(self, gpu: str = "h200", db_root: str | None = None) -> None:
+    def __init__(self, gpu: str = "h200", db_root: str | None = None, system: SystemSpec | None = None) -> None:
         try:
             self.gpu: GpuSpec = gpu_spec(gpu)
         except ValueError as e:
@@ -221,7 +222,10 @@ class Engine:
         self.db = Database(self.gpu.name, db_root)
         self.latency = LatencyModel(self.db, self.gpu)
         self.host = self._host_model(db_root)
-        self.comm = CommModel(self.gpu, self._comm_table())
+        if system is not None and system.gpu != self.gpu.name:
+            raise PredictError(f"system {system.name!r} has {system.gpu} GPUs, not {self.gpu.name}")
+        self.system = system
+        self.comm = CommModel(self.gpu, self._comm_table(), system)
         self.framework = FrameworkData(self._optional_table("overlap"), self._optional_table("framework"))
         stacks = self.db.software_versions()
         self.version_warning = "" if len(stacks) <= 1 else (
@@ -532,7 +536,8 @@ class _Assemble:
         host = self.host_model(host)
         par, m = self.par, self.par.micro_batches
         per_stage = [self._stage_times(r, host, e) for r, e in zip(self.raw, self.extras, strict=True)]
-        p2p = self.eng.comm.estimate("send_recv", self._p2p_bytes(), 2, spans_hosts=par.tp * par.dp >= 8).us \
+        p2p = self.eng.comm.estimate("send_recv", self._p2p_bytes(), 2,
+                                     spans_hosts=par.tp * par.dp >= self.eng.comm.gpus_per_node).us \
             if par.pp > 1 else 0.0
         cost = [r["fwd_us"] + r["bwd_us"] + 2 * p2p for r in per_stage]
         crit = int(np.argmax(cost))
@@ -600,8 +605,10 @@ class _Assemble:
             have = sorted({r for _, r in self.eng.comm.table})
             cover = f"measured tables cover {', '.join(map(str, have))} ranks" if have else "no measured collectives"
             self.warnings.append(f"communication uses the alpha-beta model where not measured ({cover}; NVLink "
-                                 f"{self.eng.gpu.nvlink_bytes_per_s / 1e9:.0f} GB/s, "
-                                 f"IB {self.eng.gpu.ib_bytes_per_s / 1e9:.0f} GB/s per GPU)")
+                                 f"{self.eng.comm.nvlink[0] / 1e9:.0f} GB/s, "
+                                 f"network {self.eng.comm.network[0] / 1e9:.0f} GB/s per GPU, "
+                                 f"{self.eng.comm.gpus_per_node} GPUs per node"
+                                 + (f" from system {self.eng.system.name!r})" if self.eng.system else ")"))
         host_share = breakdown["host_overhead_ms"] * 1e3 / total_us if total_us else 0.0
         extras = [e.source for e in self._host_extras() if e.source != "none"]
         if host_share > 0.3:
@@ -670,7 +677,8 @@ class _Assemble:
     def _dp_measured(self) -> bool:
         par = self.par
         kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
-        return self.eng.comm.estimate(kind, 1e6, par.dp, par.tp * par.dp > 8).source == Source.COMM_MEASURED
+        spans = par.tp * par.dp > self.eng.comm.gpus_per_node
+        return self.eng.comm.estimate(kind, 1e6, par.dp, spans).source == Source.COMM_MEASURED
 
     def _p2p_bytes(self) -> float:
         spec = self.g.meta.model
@@ -743,7 +751,7 @@ class _Assemble:
 
     def _dp_comm_uncached(self, s: StageWork, shape: StageShape) -> float:
         par = self.par
-        spans = par.tp * par.dp > 8
+        spans = par.tp * par.dp > self.eng.comm.gpus_per_node
 
         def comm(kind: str, nbytes: float) -> float:
             return self.eng.comm.estimate(kind, nbytes, par.dp, spans).us
@@ -788,6 +796,7 @@ class _Assemble:
                 "zero": par.zero, "recompute": "full" if par.recompute else "none", "gpus": par.gpus,
                 "layers": self.g.meta.model.get("num_layers"), "host_model": asdict(host),
                 "calibration": self.eng.calibration_source, "framework": par.framework,
+                "system": self.eng.system.name if self.eng.system else None,
                 "pp_schedule": par.pp_schedule,
                 "framework_data": {"interference": self.interference().source,
                                    "host_costs": sorted({e.source for e in self._host_extras()}) or ["none"],
@@ -805,6 +814,6 @@ class _Assemble:
         return out
 
 
-def predict(req: PredictRequest, with_ops: bool = False) -> Prediction:
-    """The Python API: one prediction with a fresh engine."""
-    return Engine(req.gpu, req.db_root).predict(req, with_ops=with_ops)
+def predict(req: PredictRequest, with_ops: bool = False, system: SystemSpec | None = None) -> Prediction:
+    """One prediction with a fresh engine."""
+    return Engine(req.gpu, req.db_root, system).predict(req, with_ops=with_ops)

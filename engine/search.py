@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tp_query.schema.model_config import ModelSpec, parse_config
@@ -142,6 +142,8 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
                                       for m in space.micro_batches):
         raise SearchError(f"--micro-batch candidates must be integers in 1..{1 << 16}, got {list(space.micro_batches)}")
     spec = parse_config(model, name)
+    if engine.system is not None and engine.system.gpus_per_node != space.max_tp:
+        space = replace(space, max_tp=engine.system.gpus_per_node)  # TP stays inside one node
     t0 = time.perf_counter()
     ranked: list[Outcome] = []
     rejected: list[Outcome] = []

@@ -140,6 +140,10 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("search_micro_batch_zero", lambda f: ["search", str(f["llama"]), "--gpus", "8", "--global-batch", "8",
                                            "--micro-batch", "0"]),
     ("search_gpus_zero", lambda f: ["search", str(f["llama"]), "--gpus", "0", "--global-batch", "8"]),
+    # system files
+    ("system_missing", lambda f: _predict(f, "llama", "--system", "/nonexistent.toml")),
+    ("system_not_toml", lambda f: _predict(f, "llama", "--system", str(f["not_json"]))),
+    ("system_wrong_gpu", lambda f: _predict(f, "llama", "--system", "h100-sxm-8x-ndr")),
     # a traced module runs at its own shapes: split and shape flags are refused, not ignored
     ("trace_module_tp", lambda f: ["trace", "mymodel.py:build", "-o", "/tmp/g.json.gz", "--inputs", "m.py:i",
                                    "--tp", "2"]),

@@ -190,3 +190,26 @@ def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Pa
     assert r.returncode == 0 and f"--dp {best['dp']} --tp {best['tp']} --pp {best['pp']}" in r.stdout
     r = run_cli(*base, "--output", str(tmp_path / "x.xlsx"))
     assert r.returncode == 2 and "--output must end in .parquet or .csv" in r.stderr
+
+
+def test_system_files_set_the_cluster(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
+    from tp_query.schema.system import load_system, presets
+
+    assert {"h200-sxm-8x-ndr", "h100-sxm-8x-ndr"} <= set(presets())
+    h200 = load_system("h200-sxm-8x-ndr")
+    assert h200.gpus_per_node == 8 and h200.network_bytes_per_s == 50e9
+    one_per_node = tmp_path / "tiny-cluster.toml"
+    one_per_node.write_text('gpu = "cpu"\ngpus_per_node = 1\nnvlink_gbytes_per_s = 5\nnvlink_latency_us = 20\n'
+                            'network_gbytes_per_s = 0.1\nnetwork_latency_us = 500\nprice_per_gpu_hour = 1.0\n')
+    base = ["predict", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db), "--seq-len", "64", "--dp", "2",
+            "--json"]
+    alone = json.loads(run_cli(*base).stdout)
+    r = run_cli(*base, "--system", str(one_per_node))
+    assert r.returncode == 0, r.stderr
+    apart = json.loads(r.stdout)
+    assert apart["config"]["system"] == "tiny-cluster"
+    assert apart["breakdown"]["dp_comm_ms"] > alone["breakdown"]["dp_comm_ms"]  # DP now crosses a slow network
+    bad = tmp_path / "bad.toml"
+    bad.write_text('gpu = "cpu"\ngpus_per_node = 1\nnvlink_gbytes_per_s = -5\n')
+    r = run_cli(*base, "--system", str(bad))
+    assert r.returncode == 2 and "nvlink_gbytes_per_s" in r.stderr
