@@ -101,6 +101,35 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
                           optimizer=optimizer, strict=strict, db_root=db)
 
 
+class _Progress:
+    """A rich progress bar on stderr when it is a terminal (commands that can run for seconds); silent in
+    pipes and logs, where the result alone is wanted."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _Progress:
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.description, total=None)
+        return self
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
 def _guard(fn: Any) -> Any:
     from tp_query.engine.compose import PlanError
     from tp_query.engine.db import DatabaseError
@@ -351,9 +380,11 @@ def sigs(
         from tp_query.collector.plan import write_signature_file
         from tp_query.engine.tracecli import signature_entries
 
-        entries = signature_entries([load_model_file(m) for m in models], precision or list(Setting),
-                                    seq_len or [4096], micro_batch or [1], tp or [1], layers, framework)
-        n = write_signature_file(out, entries)
+        with _Progress("tracing") as progress:
+            entries = signature_entries([load_model_file(m) for m in models], precision or list(Setting),
+                                        seq_len or [4096], micro_batch or [1], tp or [1], layers, framework,
+                                        progress.update)
+            n = write_signature_file(out, entries)
         typer.echo(f"wrote {out}: {n} distinct calls")
 
     _guard(go)
@@ -397,22 +428,17 @@ def search(
         space = SearchSpace(gpus, global_batch, seq_len, tuple(precs), tuple(micro_batch or (1, 2, 4, 8)),
                             optimizer=optimizer, framework=framework)
         cfg = load_model_file(model)
-        err = sys.stderr
-
-        def prog(i: int, n: int) -> None:
-            if err.isatty():
-                err.write(f"\r  evaluating {i}/{n}")
-                err.flush()
+        progress = _Progress("tracing and evaluating")
+        prog = progress.update
 
         try:
             sysspec = _system(system)
             price = price_per_gpu_hour if price_per_gpu_hour is not None else (
                 sysspec.price_per_gpu_hour if sysspec else None)
-            res = run_search(Engine(gpu, db, sysspec), cfg, space, tokens, price, model.stem, prog)
+            with progress:
+                res = run_search(Engine(gpu, db, sysspec), cfg, space, tokens, price, model.stem, prog)
         except SearchError as e:
             raise UserError(str(e)) from None
-        if err.isatty():
-            err.write("\n")
         if not res.ranked:
             oom = [o for o in res.rejected if o.reason.startswith("out of memory")]
             best = min(oom, key=lambda o: o.peak_memory_gib or 1e9) if oom else None

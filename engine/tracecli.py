@@ -74,11 +74,13 @@ def trace_target(target: str, inputs: str | None, setting: Setting, optimizer: s
 
 
 def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], seqs: list[int], mbs: list[int],
-                      tps: list[int], layers: int | None, framework: str = "torch"
-                      ) -> Iterable[tuple[str, str, bool]]:
+                      tps: list[int], layers: int | None, framework: str = "torch",
+                      progress: Callable[[int, int], None] | None = None) -> Iterable[tuple[str, str, bool]]:
     """Every distinct operator call (with its TF32 mode) of the traced configs, optimizer included."""
     from .trace.capture import TraceRequest, trace_config
 
+    total = len(configs) * len(settings) * len(seqs) * len(mbs) * len(tps)
+    done = 0
     for cfg in configs:
         spec = parse_config(cfg)
         if layers is not None:
@@ -90,6 +92,9 @@ def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], se
                     for tp in tps:
                         g = trace_config(TraceRequest(spec, s, mb, seq, tp, traced_layers=spec.num_layers,
                                                       framework=framework))
+                        done += 1
+                        if progress is not None:
+                            progress(done, total)
                         for o in g.ops:
                             if o.op.startswith("comm."):
                                 continue
