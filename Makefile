@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 GPU ?= h200
 TORCH_PIN := torch==2.13.0
+# Where torch comes from. Empty: pip's default (PyPI, or a local CPU wheel where the machine provides one).
+# On a plain Linux machine PyPI's torch is a CUDA build of several GB; for the CPU build run
+#   make test TORCH_INDEX=--index-url=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 
 .PHONY: install demo test check lint typecheck collect collect-comm validate validate-dist report bench clean
@@ -12,7 +16,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q $(TORCH_PIN) $(TORCH_INDEX)
 	$(BIN)/pip install -q -e '.[trace,dev]'
 	touch $(STAMP)
 
