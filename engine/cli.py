@@ -596,20 +596,14 @@ def main() -> None:
     debug = "--debug" in sys.argv or os.environ.get("TP_QUERY_DEBUG") == "1"
     if "--debug" in sys.argv:
         sys.argv.remove("--debug")
-    import click
-
     try:
         rc = app(standalone_mode=False)
         sys.exit(rc if isinstance(rc, int) else 0)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except typer.Exit as e:  # typer's own (it may or may not sit on click, which we do not import)
+        sys.exit(getattr(e, "exit_code", 0))
+    except typer.Abort:
         typer.echo("interrupted", err=True)
         sys.exit(130)
-    except click.ClickException as e:  # usage errors: one line, not click's box
-        typer.echo(f"error: {e.format_message().splitlines()[0] if e.format_message() else type(e).__name__}",
-                   err=True)
-        sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
