@@ -105,3 +105,19 @@ def test_ops_roll_up_by_kind_and_phase(cpu_db: Path, tiny_llama_file: Path) -> N
         assert sum(g["calls"] for g in groups) == sum(x["count"] for x in rows)
     assert "communication" in {g["kind"] for g in json.loads(run_cli(*base, "--by", "kind", "--json").stdout)}
     assert run_cli(*base, "--by", "layer").returncode == 2
+
+
+def test_cli_needs_no_click(tmp_path: Path) -> None:
+    """typer vendors click; an installed tp-query has no click to import (a fresh venv showed it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['click'] = None\n"
+            "from tp_query.engine.cli import main\n"
+            "sys.argv = ['tp-query'] + sys.argv[1:]\n"
+            "main()")
+    r = subprocess.run([sys.executable, "-c", code, "--version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("tp-query"), r.stderr
+    r = subprocess.run([sys.executable, "-c", code, "predict", "/dev/zero"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
