@@ -409,9 +409,15 @@ class SegmentCache:
         return shared[k]
 
     def _comm_us(self, it: Item) -> tuple[float, Source]:
+        """An in-graph collective, priced over its own group (each record names it: tp today; the data,
+        pipeline and expert groups' traffic is the framework model's, outside the graph)."""
         t = next(iter(it.call.tensors()))
         kind = it.call.op.split(".", 1)[1]
-        e = self.eng.comm.estimate(kind, float(t.nbytes), self.tp)
+        group = str(dict(it.call.kwargs).get("group", "tp"))
+        ranks = {"tp": self.tp}.get(group)
+        if ranks is None:
+            raise PredictError(f"the graph has a {kind} over group {group!r}, which this split does not size")
+        e = self.eng.comm.estimate(kind, float(t.nbytes), ranks)
         return e.us, e.source
 
     def _segment(self, items: list[Item]) -> Segment:
