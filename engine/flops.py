@@ -11,18 +11,23 @@ from __future__ import annotations
 from typing import Any
 
 
-def megatron_model_flops(model: dict[str, Any], global_batch: int, seq_len: int) -> float | None:
-    """Megatron-LM's formula for a GPT with GQA and a (gated) MLP, per iteration of `global_batch` sequences."""
+_DIMS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
+
+
+def _dims(model: dict[str, Any]) -> tuple[int, ...] | None:
+    """(hidden, layers, heads, KV heads, head dim, FFN, vocabulary) of a parsed model spec, or None."""
     try:
-        h = int(model["hidden_size"])
-        layers = int(model["num_layers"])
-        heads = int(model["num_heads"])
-        groups = int(model["num_kv_heads"])
-        head_dim = int(model["head_dim"])
-        ffn = int(model["intermediate_size"])
-        vocab = int(model["vocab_size"])
+        return tuple(int(model[k]) for k in _DIMS)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def megatron_model_flops(model: dict[str, Any], global_batch: int, seq_len: int) -> float | None:
+    """Megatron-LM's formula for a GPT with GQA and a (gated) MLP, per iteration of `global_batch` sequences."""
+    dims = _dims(model)
+    if dims is None:
+        return None
+    h, layers, heads, groups, head_dim, ffn, vocab = dims
     gated = 1.5 if model.get("family") == "llama" else 1.0  # SwiGLU: three matrices instead of two
     q_ratio = head_dim * heads / h
     return (12.0 * global_batch * seq_len * layers * h * h
@@ -31,16 +36,10 @@ def megatron_model_flops(model: dict[str, Any], global_batch: int, seq_len: int)
 
 def parameter_count(model: dict[str, Any]) -> int | None:
     """Parameters of the whole model (every TP rank and stage together), from its config."""
-    try:
-        h = int(model["hidden_size"])
-        layers = int(model["num_layers"])
-        heads = int(model["num_heads"])
-        kv = int(model["num_kv_heads"])
-        hd = int(model["head_dim"])
-        ffn = int(model["intermediate_size"])
-        vocab = int(model["vocab_size"])
-    except (KeyError, TypeError, ValueError):
+    dims = _dims(model)
+    if dims is None:
         return None
+    h, layers, heads, kv, hd, ffn, vocab = dims
     gpt2 = model.get("family") == "gpt2"
     attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
     if model.get("qkv_bias"):
