@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 _DIMS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
 
 
