@@ -142,9 +142,7 @@ def overlap_campaign(device: torch.device, prov: Any, out: Path | None) -> int:
             dist.barrier()
             _, tm = _run_together(compute, k2, comm, r2)
             # the slowest rank sets the pace of a collective; report the max over ranks
-            agg = torch.tensor([tc / k, tm / r2, c_us, m_us], device=device, dtype=torch.float64)
-            dist.all_reduce(agg, op=dist.ReduceOp.MAX)
-            tck, tmr, ca, ma = agg.tolist()
+            tck, tmr, ca, ma = _max_over_ranks(tc / k, tm / r2, c_us, m_us)
             rows.append({"compute": ck, "compute_dtype": cdt, "collective": coll, "bytes": nbytes, "ranks": world,
                          "compute_alone_us": ca, "compute_concurrent_us": tck, "comm_alone_us": ma,
                          "comm_concurrent_us": tmr, "status": "ok", "reason": "", "measured_at": _now(),
@@ -306,9 +304,7 @@ def _host_rows(device: torch.device, prov: Any, setting: str, iters: int) -> lis
                 print(f"[host] {setting} {kind} L{layers}", flush=True)
             t = _phase_times(kind, layers, setting, device, iters)
             names = ("fwd", "bwd", "opt", "fwd_ops", "bwd_ops", "opt_ops")
-            agg = torch.tensor([t[k] for k in names], device=device, dtype=torch.float64)
-            dist.all_reduce(agg, op=dist.ReduceOp.MAX)
-            times[(kind, layers)] = dict(zip(names, agg.tolist(), strict=True))
+            times[(kind, layers)] = dict(zip(names, _max_over_ranks(*(t[k] for k in names)), strict=True))
     rows = []
     xs = [float(n) for n in LAYER_COUNTS]
     for kind in HOST_KINDS:

@@ -245,18 +245,25 @@ class StageShape:
 CommFn = Callable[[str, float], float]  # (collective, bytes) -> us
 
 
-def ddp_buckets(sizes: list[int], cap: int = DDP_BUCKET_BYTES, first_cap: int = DDP_FIRST_BUCKET_BYTES) -> list[int]:
-    """DDP's bucket assignment (`_compute_bucket_assignment_by_size`): parameters in reverse order, a bucket
-    closes once it holds at least the cap (1 MiB for the first); a parameter is never split."""
-    out, cur, limit = [], 0, first_cap
-    for b in sizes:
+def _bucket_ends(grads: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """DDP's bucket assignment (`_compute_bucket_assignment_by_size`) over (producer, bytes) in the order
+    backward produces them: a bucket closes once it holds at least the cap (1 MiB for the first); a parameter
+    is never split. Returns (bucket bytes, producer of its last gradient)."""
+    out, cur, limit, producer = [], 0, DDP_FIRST_BUCKET_BYTES, 0
+    for task, b in grads:
         cur += b
+        producer = task
         if cur >= limit:
-            out.append(cur)
-            cur, limit = 0, cap
+            out.append((cur, producer))
+            cur, limit = 0, DDP_BUCKET_BYTES
     if cur:
-        out.append(cur)
+        out.append((cur, producer))
     return out
+
+
+def ddp_buckets(sizes: list[int]) -> list[int]:
+    """Bucket sizes for parameter sizes given in reverse parameter order."""
+    return [b for b, _ in _bucket_ends([(0, s) for s in sizes])]
 
 
 def ddp_overhead(s: StageShape, comm: CommFn, inter: Interference) -> float:
@@ -274,15 +281,8 @@ def ddp_overhead(s: StageShape, comm: CommFn, inter: Interference) -> float:
     t = tl.add("compute", s.bwd_embed_us)
     grads += [(t, b) for b in reversed(s.embed_params)]
     prev: int | None = None
-    cur, limit, producer = 0, DDP_FIRST_BUCKET_BYTES, 0
-    for task, b in grads:
-        cur += b
-        producer = task
-        if cur >= limit:
-            prev = tl.comm(inter, "all_reduce", cur, comm("all_reduce", cur), [producer, prev])
-            cur, limit = 0, DDP_BUCKET_BYTES
-    if cur:
-        tl.comm(inter, "all_reduce", cur, comm("all_reduce", cur), [producer, prev])
+    for nbytes, producer in _bucket_ends(grads):
+        prev = tl.comm(inter, "all_reduce", nbytes, comm("all_reduce", nbytes), [producer, prev])
     _, end = tl.run()
     return end - s.plain_bwd_us
 

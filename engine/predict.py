@@ -127,28 +127,20 @@ def _trace_fields(req: PredictRequest) -> dict[str, Any]:
             "fw": par.framework}
 
 
-def _torch_version() -> str:
-    """The tracer's torch without importing it (a cached graph must not outlive the torch that traced it)."""
+def _installed_version(package: str, missing: str) -> str:
+    """A package's version without importing it (a cached graph must not outlive the torch or the tp-query
+    that traced it)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("torch")
+        return version(package)
     except PackageNotFoundError:
-        return "none"
-
-
-def _project_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tp-query")
-    except PackageNotFoundError:
-        return "source"
+        return missing
 
 
 def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
-    body = json.dumps({"spec": spec.to_dict(), **_trace_fields(req), "v": TRACE_VERSION, "torch": _torch_version(),
-                       "project": _project_version()}, sort_keys=True)
+    body = json.dumps({"spec": spec.to_dict(), **_trace_fields(req), "v": TRACE_VERSION, "torch": _installed_version("torch", "none"),
+                       "project": _installed_version("tp-query", "source")}, sort_keys=True)
     return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
 
 
@@ -458,6 +450,7 @@ class _Assemble:
         self.warnings: list[str] = []
         cache = eng.segments_for(comp, par.tp)
         self.raw = []
+        self.host_extras = self._host_extras()  # measured framework host costs that apply to this split
         self.extras = [self._host_extra_us(st) for st in stages]
         # the per-operator host costs of plain eager PyTorch, measured (data/<gpu>/framework/), where present
         self.host_measured = eng.framework.per_op_host_us(self._host_setting())
@@ -493,7 +486,7 @@ class _Assemble:
     def _host_extra_us(self, st: StageWork) -> tuple[float, float, float]:
         """Extra host us per micro-batch (forward, backward) and per step (optimizer) for one stage."""
         out = [0.0, 0.0, 0.0]
-        for e in self._host_extras():
+        for e in self.host_extras:
             for i, ph in enumerate(("fwd", "bwd", "opt")):
                 out[i] += e.per_layer_us.get(ph, 0.0) * st.layers + (e.fixed_us.get(ph, 0.0) if
                                                                       (st.first or st.last) else 0.0)
@@ -616,7 +609,7 @@ class _Assemble:
                                  f"{self.eng.comm.gpus_per_node} GPUs per node"
                                  + (f" from system {self.eng.system.name!r})" if self.eng.system else ")"))
         host_share = breakdown["host_overhead_ms"] * 1e3 / total_us if total_us else 0.0
-        extras = [e.source for e in self._host_extras() if e.source != "none"]
+        extras = [e.source for e in self.host_extras if e.source != "none"]
         if host_share > 0.3:
             self.warnings.append(f"host-bound: {host_share:.0%} of the step is host overhead"
                                  + (" (DTensor dispatch and framework hooks, measured)" if extras else "")
@@ -683,8 +676,11 @@ class _Assemble:
     def _dp_measured(self) -> bool:
         par = self.par
         kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
-        spans = par.tp * par.dp > self.eng.comm.gpus_per_node
-        return self.eng.comm.estimate(kind, 1e6, par.dp, spans).source == Source.COMM_MEASURED
+        return self.eng.comm.estimate(kind, 1e6, par.dp, self._dp_spans_nodes()).source == Source.COMM_MEASURED
+
+    def _dp_spans_nodes(self) -> bool:
+        """A data-parallel group crosses nodes once TP x DP outgrows a node."""
+        return self.par.tp * self.par.dp > self.eng.comm.gpus_per_node
 
     def _p2p_bytes(self) -> float:
         spec = self.g.meta.model
@@ -757,7 +753,7 @@ class _Assemble:
 
     def _dp_comm_uncached(self, s: StageWork, shape: StageShape) -> float:
         par = self.par
-        spans = par.tp * par.dp > self.eng.comm.gpus_per_node
+        spans = self._dp_spans_nodes()
 
         def comm(kind: str, nbytes: float) -> float:
             return self.eng.comm.estimate(kind, nbytes, par.dp, spans).us
@@ -805,7 +801,7 @@ class _Assemble:
                 "system": self.eng.system.name if self.eng.system else None,
                 "pp_schedule": par.pp_schedule,
                 "framework_data": {"interference": self.interference().source,
-                                   "host_costs": sorted({e.source for e in self._host_extras()}) or ["none"],
+                                   "host_costs": sorted({e.source for e in self.host_extras}) or ["none"],
                                    "per_op_host": "measured" if self.host_measured else "calibration"}}
 
     def _op_rows(self, rows: dict[tuple[str, str], list[Any]]) -> list[OpRow]:
