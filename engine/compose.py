@@ -16,11 +16,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tp_query.schema.ops import CallInfo, describe
 from tp_query.schema.precision import DType
 from tp_query.schema.signature import OpCall, TensorSpec, call_key
 
-from .graph import Graph, OpRecord, ParamRecord, Phase, Section
+from .graph import Graph, OpRecord, ParamRecord, Phase, Section, layer_templates
 from .parallel import ParallelConfig, PlanError
 
 
@@ -102,12 +104,21 @@ class Composer:
         self.allow_tf32 = allow_tf32
         tl = graph.meta.traced_layers - 1
         self.template_layer = tl
+        # Layers of several attention types (sliding and global): one traced template per type, and the
+        # stage's layer section is their mean, each operator weighted by its type's share of the layers.
+        templates = layer_templates(graph.meta)
+        weight_of = {li: w for li, w in templates.items()} if templates else {tl: 1.0}
         sec: dict[tuple[Phase, Section], list[Item]] = {}
+        wts: dict[tuple[Phase, Section], list[float]] = {}
         for o in graph.ops:
-            if o.section == Section.LAYER and o.layer != tl:
+            if o.section == Section.LAYER and o.layer not in weight_of:
                 continue
             sec.setdefault((o.phase, o.section), []).append(make_item(o.op, o.sig, o.phase, allow_tf32))
+            wts.setdefault((o.phase, o.section), []).append(weight_of.get(o.layer, 1.0)
+                                                            if o.section == Section.LAYER else 1.0)
         self.sections = sec
+        self._weights = {k: np.asarray(v) for k, v in wts.items() if templates and len(templates) > 1
+                         and k[1] == Section.LAYER}
         self.opt_records: list[OpRecord] = [o for o in graph.ops if o.phase == Phase.OPT]
         self.traced_params = list(graph.params)
         self.layer_params = [p for p in graph.params if p.section == Section.LAYER and p.layer == tl]
@@ -120,6 +131,10 @@ class Composer:
 
     def part(self, phase: Phase, section: Section) -> list[Item]:
         return self.sections.get((phase, section), [])
+
+    def part_weights(self, phase: Phase, section: Section) -> np.ndarray | None:
+        """Per-operator layer shares of a section (None: every operator counts once)."""
+        return self._weights.get((phase, section))
 
     # -- parameters ---------------------------------------------------------------------------
     def stage_params(self, first: bool, last: bool, layers: int) -> list[ParamRecord]:

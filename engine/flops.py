@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tp_query.schema.model_config import parameter_count as _parameter_count
+
 _DIMS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
 
 
@@ -22,32 +24,25 @@ def _dims(model: dict[str, Any]) -> tuple[int, ...] | None:
 
 
 def megatron_model_flops(model: dict[str, Any], global_batch: int, seq_len: int) -> float | None:
-    """Megatron-LM's formula for a GPT with GQA and a (gated) MLP, per iteration of `global_batch` sequences."""
+    """Megatron-LM's formula for a GPT with GQA, a (gated) MLP and MoE (routed top-k plus shared experts),
+    per iteration of `global_batch` sequences. Sliding windows are counted as full attention, as Megatron
+    does."""
     dims = _dims(model)
     if dims is None:
         return None
     h, layers, heads, groups, head_dim, ffn, vocab = dims
-    gated = 1.5 if model.get("family") == "llama" else 1.0  # SwiGLU: three matrices instead of two
+    gated = 1.5 if model.get("gated_mlp", model.get("family") != "gpt2") else 1.0  # SwiGLU: three matrices
+    experts = int(model.get("num_experts") or 0)
+    if experts:
+        ffn_terms = (int(model["experts_per_token"]) * int(model["moe_intermediate_size"])
+                     + int(model.get("shared_expert_intermediate_size") or 0)) / h * gated
+    else:
+        ffn_terms = (ffn / h) * gated
     q_ratio = head_dim * heads / h
     return (12.0 * global_batch * seq_len * layers * h * h
-            * ((1 + groups / heads + seq_len / h) * q_ratio + (ffn / h) * gated + vocab / (2 * layers * h)))
+            * ((1 + groups / heads + seq_len / h) * q_ratio + ffn_terms + vocab / (2 * layers * h)))
 
 
 def parameter_count(model: dict[str, Any]) -> int | None:
     """Parameters of the whole model (every TP rank and stage together), from its config."""
-    dims = _dims(model)
-    if dims is None:
-        return None
-    h, layers, heads, kv, hd, ffn, vocab = dims
-    gpt2 = model.get("family") == "gpt2"
-    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
-    if model.get("qkv_bias"):
-        attn += heads * hd + 2 * kv * hd
-    if model.get("o_bias"):
-        attn += h
-    mlp = (2 if gpt2 else 3) * h * ffn + ((ffn + h) if model.get("mlp_bias") else 0)
-    norms = (4 if gpt2 else 2) * h  # GPT-2's LayerNorms have biases
-    embed = vocab * h + (int(model.get("max_position_embeddings", 0)) * h if gpt2 else 0)
-    head = 0 if model.get("tie_word_embeddings") else vocab * h
-    final_norm = (2 if gpt2 else 1) * h
-    return embed + layers * (attn + mlp + norms) + final_norm + head
+    return _parameter_count(model)

@@ -142,3 +142,19 @@ class Graph:
 
 def is_graph_json(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("format") == GRAPH_FORMAT
+
+
+def layer_templates(meta: GraphMeta) -> dict[int, float]:
+    """Traced layer index -> share of the model's layers it stands for, for a model whose layers differ
+    in attention type (meta.extra `traced_layer_types`); empty for uniform layers."""
+    traced = meta.extra.get("traced_layer_types") if isinstance(meta.extra, dict) else None
+    types = list(meta.model.get("layer_types") or [])
+    if not traced or not types or len(set(types)) < 2:
+        return {}
+    out: dict[int, float] = {}
+    for t in dict.fromkeys(types):
+        idx = [i for i, x in enumerate(traced) if x == t and i >= 1]
+        if not idx:
+            raise ValueError(f"the graph has no traced layer of type {t}")
+        out[idx[0]] = types.count(t) / len(types)
+    return out

@@ -78,7 +78,7 @@ class OpRow:
     kind: str
     precision: str
     shapes: str
-    count: int
+    count: float  # calls per iteration (a layer type's share of a stage's layers can be fractional)
     latency_us: float
     total_ms: float
     source: str
@@ -328,6 +328,12 @@ class Segment:
     src: np.ndarray  # index into SOURCES
     base_items: list[Item] | None = None
     parts: list[tuple[Segment, int]] | None = None
+    # how many layers' worth each operator stands for: 1, or a layer type's share of the model's layers
+    # (a model whose layers differ, such as Gemma's sliding and global layers, has a mean layer)
+    weight: np.ndarray | None = None
+
+    def weights(self) -> np.ndarray:
+        return self.weight if self.weight is not None else np.ones(len(self.cold))
 
     @property
     def items(self) -> list[Item]:
@@ -355,12 +361,16 @@ class Segment:
         def cat(attr: str) -> np.ndarray:
             return np.concatenate([np.tile(getattr(p, attr), n) for p, n in parts])
 
+        weighted = any(p.weight is not None for p, _ in parts)
         return Segment(cat("cold"), cat("warm"), cat("comm_us"), cat("is_comm"), cat("phase"), cat("tensors"),
-                       cat("sync"), cat("src"), None, parts)
+                       cat("sync"), cat("src"), None, parts,
+                       np.concatenate([np.tile(p.weights(), n) for p, n in parts]) if weighted else None)
 
     def times(self, host: HostModel) -> tuple[np.ndarray, np.ndarray]:
         g = np.where(self.is_comm, self.comm_us, self.warm + host.beta * (self.cold - self.warm))
         h = np.choose(self.phase, [host.fwd_us, host.bwd_us, host.opt_us]) + host.per_tensor_us * self.tensors
+        if self.weight is not None:
+            return g * self.weight, h * self.weight
         return g, h
 
 
@@ -384,7 +394,7 @@ class SegmentCache:
     def section(self, phase: Phase, sec: Section) -> Segment:
         k = (phase, sec)
         if k not in self._sections:
-            self._sections[k] = self._segment(self.comp.part(phase, sec))
+            self._sections[k] = self._segment(self.comp.part(phase, sec), self.comp.part_weights(phase, sec))
         return self._sections[k]
 
     def items_segment(self, a: list[Item], b: list[Item] | None, kind: str) -> Segment:
@@ -412,7 +422,7 @@ class SegmentCache:
         e = self.eng.comm.estimate(kind, float(t.nbytes), ranks)
         return e.us, e.source
 
-    def _segment(self, items: list[Item]) -> Segment:
+    def _segment(self, items: list[Item], weight: np.ndarray | None = None) -> Segment:
         qs = {it.key: Query(it.key, it.call.op, it.info) for it in items if not it.call.op.startswith("comm.")}
         est = self.eng.latency.estimate(list(qs.values()))
         n = len(items)
@@ -437,7 +447,7 @@ class SegmentCache:
                 cache[(it.key, it.phase)] = c
             cold[i], warm[i], comm_us[i], is_comm[i], phase[i], tensors[i], sync[i], src = c
             src_codes[i] = _SRC_CODE[src]
-        return Segment(cold, warm, comm_us, is_comm, phase, tensors, sync, src_codes, items)
+        return Segment(cold, warm, comm_us, is_comm, phase, tensors, sync, src_codes, items, None, weight)
 
 
 class _Assemble:
@@ -582,9 +592,10 @@ class _Assemble:
             if self.with_ops:
                 seg = cast(Segment, raw[name])
                 g, _ = seg.times(host)
-                for it, t, code in zip(seg.items, g, seg.src, strict=True):
-                    row = op_rows.setdefault((it.phase.value, it.key), [it, 0, float(t), str(SOURCES[code])])
-                    row[1] += mult
+                w = seg.weights()
+                for it, t, wi, code in zip(seg.items, g, w, seg.src, strict=True):
+                    row = op_rows.setdefault((it.phase.value, it.key), [it, 0, float(t / wi), str(SOURCES[code])])
+                    row[1] += mult * wi
         mems = [stage_memory(self.g, s, par, self.req.optimizer, self.eng.gpu) for s in self.stages]
         mem = max(mems, key=lambda x: x.peak_bytes)
         fits = all(x.fits for x in mems)
@@ -646,7 +657,7 @@ class _Assemble:
             if seg.parts is not None:
                 cache[k] = sum(self._seg_flops(p) * n for p, n in seg.parts)
             else:
-                cache[k] = float(sum(it.info.flops for it in seg.items))
+                cache[k] = float(sum(it.info.flops * w for it, w in zip(seg.items, seg.weights(), strict=True)))
         return cache[k]
 
     def _flops(self, total_us: float, global_batch: int) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """Model descriptions the engine accepts: a HuggingFace config.json, parsed without torch.
 
-Supported families (their training graphs are what HuggingFace transformers runs, with SDPA):
-- llama: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (and their model_type spellings)
-- gpt2:  GPT2LMHeadModel
-Anything else is refused with a clear message (a user can still `tp-query trace` their module).
+Every supported family is one entry of `FAMILIES` (the spec registry): its architectures and
+model_type spellings, how its config reads into a `ModelSpec` (attention: GQA, qk-norm, sliding
+windows and their per-layer alternation; MLP: gated, fused, or a routed mixture of experts with
+shared experts), and which graph builder runs it: our own op-for-op copies for Llama and GPT-2
+(`native`), transformers' own modules for the others (`hf`). The training graph is what
+transformers 5.17 runs with SDPA. Anything else is refused with a clear message (DeepSeek's
+multi-head latent attention among them); a user can still `tp-query trace` their module.
 """
 
 from __future__ import annotations
@@ -21,8 +24,23 @@ class ConfigError(ValueError):
 
 
 class ArchFamily(StrEnum):
-    LLAMA = "llama"
+    LLAMA = "llama"  # Llama, Mistral and Qwen2 without sliding windows: the native builder
     GPT2 = "gpt2"
+    MISTRAL = "mistral"  # with its sliding window in force
+    QWEN2 = "qwen2"  # with sliding-window layers in force
+    QWEN3 = "qwen3"
+    GEMMA2 = "gemma2"
+    GEMMA3 = "gemma3"
+    PHI3 = "phi3"
+    GPT_NEOX = "gpt_neox"
+    MIXTRAL = "mixtral"
+    QWEN2_MOE = "qwen2_moe"
+    QWEN3_MOE = "qwen3_moe"
+
+
+class Builder(StrEnum):
+    NATIVE = "native"  # engine/trace/models.py: our op-for-op copies (shardable in every way)
+    HF = "hf"  # engine/trace/hf_models.py: transformers' own modules, sharded through their config
 
 
 ARCHITECTURES: dict[str, tuple[ArchFamily, str]] = {
@@ -30,8 +48,26 @@ ARCHITECTURES: dict[str, tuple[ArchFamily, str]] = {
     "MistralForCausalLM": (ArchFamily.LLAMA, "mistral"),
     "Qwen2ForCausalLM": (ArchFamily.LLAMA, "qwen2"),
     "GPT2LMHeadModel": (ArchFamily.GPT2, "gpt2"),
+    "Qwen3ForCausalLM": (ArchFamily.QWEN3, "qwen3"),
+    "Gemma2ForCausalLM": (ArchFamily.GEMMA2, "gemma2"),
+    "Gemma3ForCausalLM": (ArchFamily.GEMMA3, "gemma3_text"),
+    "Gemma3ForConditionalGeneration": (ArchFamily.GEMMA3, "gemma3"),
+    "Phi3ForCausalLM": (ArchFamily.PHI3, "phi3"),
+    "GPTNeoXForCausalLM": (ArchFamily.GPT_NEOX, "gpt_neox"),
+    "MixtralForCausalLM": (ArchFamily.MIXTRAL, "mixtral"),
+    "Qwen2MoeForCausalLM": (ArchFamily.QWEN2_MOE, "qwen2_moe"),
+    "Qwen3MoeForCausalLM": (ArchFamily.QWEN3_MOE, "qwen3_moe"),
 }
 MODEL_TYPES: dict[str, tuple[ArchFamily, str]] = {v[1]: v for v in ARCHITECTURES.values()}
+# Known and refused, with the reason (the generic message names what is supported).
+REFUSED: dict[str, str] = {
+    "deepseek_v2": "DeepSeek-V2's multi-head latent attention (low-rank compressed K/V) is not modelled",
+    "deepseek_v3": "DeepSeek-V3's multi-head latent attention (low-rank compressed K/V) is not modelled",
+    "DeepseekV2ForCausalLM": "DeepSeek-V2's multi-head latent attention (low-rank compressed K/V) is not modelled",
+    "DeepseekV3ForCausalLM": "DeepSeek-V3's multi-head latent attention (low-rank compressed K/V) is not modelled",
+}
+
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 @dataclass(frozen=True)
@@ -62,6 +98,18 @@ class ModelSpec:
     resid_dropout: float = 0.0
     embd_dropout: float = 0.0
     pad_token_id: int | None = None
+    builder: Builder = Builder.NATIVE
+    # attention type of every layer (FULL / SLIDING); empty: all full
+    layer_types: tuple[str, ...] = ()
+    qk_norm: bool = False
+    gated_mlp: bool = True
+    # mixture of experts: routed experts per layer, chosen per token, each expert's FFN, shared experts' FFN
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    # the config transformers builds the module from (builder HF), canonical JSON
+    hf_config: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,27 +118,37 @@ class ModelSpec:
     def from_dict(d: dict[str, Any]) -> ModelSpec:
         d = dict(d)
         d["family"] = ArchFamily(d["family"])
+        d["builder"] = Builder(d.get("builder", Builder.NATIVE))
+        d["layer_types"] = tuple(d.get("layer_types", ()))
         return ModelSpec(**d)
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def layer_type(self, i: int) -> str:
+        return self.layer_types[i] if self.layer_types else FULL
+
     def with_layers(self, n: int) -> ModelSpec:
-        return replace(self, num_layers=n)
+        lt = tuple(self.layer_type(i) for i in range(n)) if self.layer_types else ()
+        return replace(self, num_layers=n, layer_types=lt)
+
+    def traced_layer_types(self) -> tuple[str, ...]:
+        """The layers a trace runs: a leading layer, then one of each attention type in order of first
+        appearance (each later traced layer is the template of its type)."""
+        kinds = list(dict.fromkeys(self.layer_type(i) for i in range(self.num_layers)))
+        return (kinds[0], *kinds)
+
+    def layer_type_fractions(self) -> dict[str, float]:
+        n = self.num_layers
+        out: dict[str, float] = {}
+        for i in range(n):
+            out[self.layer_type(i)] = out.get(self.layer_type(i), 0.0) + 1.0 / n
+        return out
 
     def param_count(self) -> int:
         """Parameters of the full model (tied embeddings counted once)."""
-        h, v = self.hidden_size, self.vocab_size
-        q = self.num_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        if self.family == ArchFamily.GPT2:
-            layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * self.intermediate_size + self.intermediate_size) \
-                + (self.intermediate_size * h + h) + 4 * h
-            extra = self.max_position_embeddings * h + 2 * h
-        else:
-            layer = h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size + 2 * h
-            if self.qkv_bias:
-                layer += q + 2 * kv
-            extra = h
-        head = 0 if self.tie_word_embeddings else v * h
-        return v * h + self.num_layers * layer + extra + head
+        return parameter_count(self.to_dict()) or 0
 
 
 def _need(cfg: dict[str, Any], *keys: str, default: Any = ...) -> Any:
@@ -154,10 +212,13 @@ def identify(cfg: dict[str, Any]) -> tuple[ArchFamily, str]:
     archs = cfg.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise ConfigError("architectures must be a list of strings")
+    mt = cfg.get("model_type")
+    for key in [*(archs or []), mt if isinstance(mt, str) else ""]:
+        if key in REFUSED:
+            raise ConfigError(f"{key}: {REFUSED[key]}; for such models use `tp-query trace`")
     for a in archs or []:
         if a in ARCHITECTURES:
             return ARCHITECTURES[a]
-    mt = cfg.get("model_type")
     if isinstance(mt, str) and mt in MODEL_TYPES:
         return MODEL_TYPES[mt]
     what = ", ".join(archs) if archs else (mt if isinstance(mt, str) else "nothing")
@@ -166,74 +227,197 @@ def identify(cfg: dict[str, Any]) -> tuple[ArchFamily, str]:
                       "for other models use `tp-query trace`")
 
 
+def _parse_gpt2(cfg: dict[str, Any], name: str, family: ArchFamily, model_type: str) -> ModelSpec:
+    h = _pos_int("n_embd", _need(cfg, "n_embd", "hidden_size"))
+    heads = _pos_int("n_head", _need(cfg, "n_head", "num_attention_heads"))
+    if h % heads:
+        raise ConfigError(f"n_embd {h} is not divisible by n_head {heads}")
+    inner = cfg.get("n_inner")
+    return ModelSpec(
+        name=name, family=family, model_type=model_type,
+        vocab_size=_pos_int("vocab_size", _need(cfg, "vocab_size")),
+        hidden_size=h,
+        num_layers=_pos_int("n_layer", _need(cfg, "n_layer", "num_hidden_layers")),
+        num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
+        intermediate_size=_pos_int("n_inner", inner) if inner is not None else 4 * h,
+        hidden_act=str(_need(cfg, "activation_function", default="gelu_new")),
+        norm_eps=_nonneg_float("layer_norm_epsilon", _need(cfg, "layer_norm_epsilon", default=1e-5)),
+        qkv_bias=True, o_bias=True, mlp_bias=True,
+        tie_word_embeddings=_bool("tie_word_embeddings", cfg.get("tie_word_embeddings"), True),
+        max_position_embeddings=_pos_int("n_positions", _need(cfg, "n_positions", "max_position_embeddings",
+                                                              default=1024)),
+        attention_dropout=_nonneg_float("attn_pdrop", cfg.get("attn_pdrop", 0.1)),
+        resid_dropout=_nonneg_float("resid_pdrop", cfg.get("resid_pdrop", 0.1)),
+        embd_dropout=_nonneg_float("embd_pdrop", cfg.get("embd_pdrop", 0.1)),
+        gated_mlp=False,
+    )
+
+
+# Per family: (hidden activation keys, default; rotary, whether attention biases are forced; tied default)
+_ACT_KEYS = {ArchFamily.GEMMA2: ("hidden_activation", "hidden_act"), ArchFamily.GEMMA3: ("hidden_activation", "hidden_act")}
+_ACT_DEFAULT = {ArchFamily.GEMMA2: "gelu_pytorch_tanh", ArchFamily.GEMMA3: "gelu_pytorch_tanh",
+                ArchFamily.GPT_NEOX: "gelu"}
+_TIED_DEFAULT = {ArchFamily.GEMMA2: True, ArchFamily.GEMMA3: True}
+_ACTS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "relu", "gelu_new", "gelu_fast")
+
+
+def _layer_types(cfg: dict[str, Any], family: ArchFamily, model_type: str, n: int, window: int | None
+                 ) -> tuple[str, ...]:
+    """Which layers attend within the sliding window, as transformers 5.17's configs decide."""
+    given = cfg.get("layer_types")
+    if given is not None:
+        if not (isinstance(given, list) and len(given) >= n and all(x in (FULL, SLIDING) for x in given[:n])):
+            raise ConfigError(f"layer_types must list {n} of {FULL!r} / {SLIDING!r}")
+        lt = tuple(given[:n])
+    elif window is None:
+        lt = (FULL,) * n
+    elif family == ArchFamily.GEMMA2:
+        lt = tuple(SLIDING if (i + 1) % 2 else FULL for i in range(n))
+    elif family == ArchFamily.GEMMA3:
+        pattern = _pos_int("sliding_window_pattern", cfg.get("sliding_window_pattern", 6))
+        lt = tuple(SLIDING if (i + 1) % pattern else FULL for i in range(n))
+    elif model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        first = cfg.get("max_window_layers", n)
+        first = first if isinstance(first, int) and not isinstance(first, bool) else n
+        lt = tuple(SLIDING if i >= first else FULL for i in range(n))
+    else:  # Mistral, Mixtral, Phi-3: every layer
+        lt = (SLIDING,) * n
+    return () if all(x == FULL for x in lt) else lt
+
+
+def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_type: str) -> ModelSpec:
+    if model_type == "gemma3" and isinstance(cfg.get("text_config"), dict):  # the multimodal wrapper
+        cfg, model_type = {**cfg["text_config"], "model_type": "gemma3_text"}, "gemma3_text"
+    h = _pos_int("hidden_size", _need(cfg, "hidden_size"))
+    heads = _pos_int("num_attention_heads", _need(cfg, "num_attention_heads"))
+    kv = _pos_int("num_key_value_heads", _need(cfg, "num_key_value_heads", default=heads))
+    if heads % kv:
+        raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        if h % heads:
+            raise ConfigError(f"hidden_size {h} is not divisible by num_attention_heads {heads}")
+        head_dim = h // heads
+    theta, rtype = _rope(cfg)
+    n_layers = _pos_int("num_hidden_layers", _need(cfg, "num_hidden_layers"))
+    act = str(_need(cfg, *_ACT_KEYS.get(family, ("hidden_act",)), default=_ACT_DEFAULT.get(family, "silu")))
+    if act not in _ACTS:
+        raise ConfigError(f"hidden_act {act!r} is not supported for {model_type}")
+    pad = cfg.get("pad_token_id")
+    vocab = _pos_int("vocab_size", _need(cfg, "vocab_size"))
+    sw = cfg.get("sliding_window")
+    use_sw = cfg.get("use_sliding_window", model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"))
+    window = _pos_int("sliding_window", sw) if (sw is not None and use_sw is not False) else None
+    layer_types = _layer_types(cfg, family, model_type, n_layers, window)
+    qwen2 = model_type in ("qwen2", "qwen2_moe")
+    neox = family == ArchFamily.GPT_NEOX
+    bias = _bool("attention_bias", cfg.get("attention_bias"), neox)
+    experts = 0
+    top_k = moe_ffn = shared_ffn = 0
+    if family == ArchFamily.MIXTRAL:
+        experts = _pos_int("num_local_experts", _need(cfg, "num_local_experts", default=8))
+    elif family in (ArchFamily.QWEN2_MOE, ArchFamily.QWEN3_MOE):
+        experts = _pos_int("num_experts", _need(cfg, "num_experts"))
+        moe_ffn = _pos_int("moe_intermediate_size", _need(cfg, "moe_intermediate_size"))
+        if family == ArchFamily.QWEN2_MOE:
+            shared_ffn = _pos_int("shared_expert_intermediate_size", _need(cfg, "shared_expert_intermediate_size"))
+        if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+            raise ConfigError("dense layers between MoE layers (mlp_only_layers, decoder_sparse_step) are not "
+                              "modelled; every layer must be an MoE layer")
+    if experts:
+        top_k = _pos_int("num_experts_per_tok", _need(cfg, "num_experts_per_tok"))
+        if top_k > experts:
+            raise ConfigError(f"num_experts_per_tok {top_k} exceeds the {experts} experts")
+    inter = cfg.get("intermediate_size")
+    ffn = _pos_int("intermediate_size", inter) if inter is not None else (moe_ffn if experts else None)
+    if ffn is None:
+        raise ConfigError("config is missing intermediate_size")
+    native = family == ArchFamily.LLAMA and window is None
+    if family == ArchFamily.LLAMA and window is not None:
+        family = ArchFamily.MISTRAL if model_type == "mistral" else ArchFamily.QWEN2
+    hf_cfg = "" if native else json.dumps(_hf_config(cfg, model_type, layer_types), sort_keys=True)
+    return ModelSpec(
+        name=name, family=family, model_type=model_type,
+        vocab_size=vocab, hidden_size=h, num_layers=n_layers,
+        num_heads=heads, num_kv_heads=kv, head_dim=_pos_int("head_dim", head_dim),
+        intermediate_size=ffn,
+        hidden_act=act,
+        norm_eps=_nonneg_float("rms_norm_eps", _need(cfg, "rms_norm_eps", "layer_norm_eps", default=1e-6)),
+        qkv_bias=True if qwen2 else bias,
+        o_bias=False if qwen2 else bias,
+        mlp_bias=False if qwen2 else _bool("mlp_bias", cfg.get("mlp_bias"), neox),
+        tie_word_embeddings=_bool("tie_word_embeddings", cfg.get("tie_word_embeddings"),
+                                  _TIED_DEFAULT.get(family, False)),
+        max_position_embeddings=_pos_int("max_position_embeddings",
+                                         _need(cfg, "max_position_embeddings", default=4096)),
+        rope_theta=theta, rope_type=rtype,
+        sliding_window=window if layer_types else None,
+        attention_dropout=_nonneg_float("attention_dropout", cfg.get("attention_dropout", 0.0)),
+        pad_token_id=pad if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < vocab else None,
+        builder=Builder.NATIVE if native else Builder.HF,
+        layer_types=layer_types,
+        qk_norm=family in (ArchFamily.QWEN3, ArchFamily.GEMMA3, ArchFamily.QWEN3_MOE),
+        gated_mlp=not neox,
+        num_experts=experts, experts_per_token=top_k,
+        moe_intermediate_size=(ffn if family == ArchFamily.MIXTRAL else moe_ffn) if experts else 0,
+        shared_expert_intermediate_size=shared_ffn,
+        hf_config=hf_cfg,
+    )
+
+
+# Keys never passed to transformers' config (they describe weights or serving, not the training graph).
+_HF_DROP = ("architectures", "torch_dtype", "dtype", "transformers_version", "auto_map", "quantization_config",
+            "_name_or_path", "text_config", "vision_config")
+
+
+def _hf_config(cfg: dict[str, Any], model_type: str, layer_types: tuple[str, ...]) -> dict[str, Any]:
+    out = {k: v for k, v in cfg.items() if k not in _HF_DROP}
+    out["model_type"] = model_type
+    out["use_cache"] = False
+    if layer_types:
+        out["layer_types"] = list(layer_types)
+    return out
+
+
 def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
     if not isinstance(cfg, dict):
         raise ConfigError("a model config must be a JSON object")
     family, model_type = identify(cfg)
     if family == ArchFamily.GPT2:
-        h = _pos_int("n_embd", _need(cfg, "n_embd", "hidden_size"))
-        heads = _pos_int("n_head", _need(cfg, "n_head", "num_attention_heads"))
-        if h % heads:
-            raise ConfigError(f"n_embd {h} is not divisible by n_head {heads}")
-        inner = cfg.get("n_inner")
-        spec = ModelSpec(
-            name=name, family=family, model_type=model_type,
-            vocab_size=_pos_int("vocab_size", _need(cfg, "vocab_size")),
-            hidden_size=h,
-            num_layers=_pos_int("n_layer", _need(cfg, "n_layer", "num_hidden_layers")),
-            num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
-            intermediate_size=_pos_int("n_inner", inner) if inner is not None else 4 * h,
-            hidden_act=str(_need(cfg, "activation_function", default="gelu_new")),
-            norm_eps=_nonneg_float("layer_norm_epsilon", _need(cfg, "layer_norm_epsilon", default=1e-5)),
-            qkv_bias=True, o_bias=True, mlp_bias=True,
-            tie_word_embeddings=_bool("tie_word_embeddings", cfg.get("tie_word_embeddings"), True),
-            max_position_embeddings=_pos_int("n_positions", _need(cfg, "n_positions", "max_position_embeddings",
-                                                                  default=1024)),
-            attention_dropout=_nonneg_float("attn_pdrop", cfg.get("attn_pdrop", 0.1)),
-            resid_dropout=_nonneg_float("resid_pdrop", cfg.get("resid_pdrop", 0.1)),
-            embd_dropout=_nonneg_float("embd_pdrop", cfg.get("embd_pdrop", 0.1)),
-        )
+        return _parse_gpt2(cfg, name, family, model_type)
+    return _parse_decoder(cfg, name, family, model_type)
+
+
+def parameter_count(model: dict[str, Any]) -> int | None:
+    """Parameters of the whole model (every TP rank and stage together) from a parsed spec's fields."""
+    try:
+        h, layers, heads, kv, hd, ffn, vocab = (int(model[k]) for k in (
+            "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    gpt2 = model.get("family") == "gpt2"
+    layer_norm = gpt2 or model.get("family") == "gpt_neox"
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
+    if model.get("qkv_bias"):
+        attn += heads * hd + 2 * kv * hd
+    if model.get("o_bias"):
+        attn += h
+    if model.get("qk_norm"):
+        attn += 2 * hd
+    gated = 3 if model.get("gated_mlp", not gpt2) else 2
+    experts = int(model.get("num_experts") or 0)
+    if experts:
+        moe_ffn, shared = int(model["moe_intermediate_size"]), int(model.get("shared_expert_intermediate_size") or 0)
+        mlp = experts * gated * h * moe_ffn + h * experts + (gated * h * shared + h if shared else 0)
     else:
-        h = _pos_int("hidden_size", _need(cfg, "hidden_size"))
-        heads = _pos_int("num_attention_heads", _need(cfg, "num_attention_heads"))
-        kv = _pos_int("num_key_value_heads", _need(cfg, "num_key_value_heads", default=heads))
-        if heads % kv:
-            raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
-        head_dim = cfg.get("head_dim")
-        if head_dim is None:
-            if h % heads:
-                raise ConfigError(f"hidden_size {h} is not divisible by num_attention_heads {heads}")
-            head_dim = h // heads
-        theta, rtype = _rope(cfg)
-        qwen = model_type == "qwen2"
-        sw = cfg.get("sliding_window")
-        use_sw = cfg.get("use_sliding_window", model_type == "mistral")
-        act = str(_need(cfg, "hidden_act", default="silu"))
-        if act not in ("silu", "swish", "gelu", "gelu_pytorch_tanh", "relu"):
-            raise ConfigError(f"hidden_act {act!r} is not supported for {model_type}")
-        pad = cfg.get("pad_token_id")
-        spec = ModelSpec(
-            name=name, family=family, model_type=model_type,
-            vocab_size=_pos_int("vocab_size", _need(cfg, "vocab_size")),
-            hidden_size=h,
-            num_layers=_pos_int("num_hidden_layers", _need(cfg, "num_hidden_layers")),
-            num_heads=heads, num_kv_heads=kv, head_dim=_pos_int("head_dim", head_dim),
-            intermediate_size=_pos_int("intermediate_size", _need(cfg, "intermediate_size")),
-            hidden_act=act,
-            norm_eps=_nonneg_float("rms_norm_eps", _need(cfg, "rms_norm_eps", default=1e-6)),
-            qkv_bias=True if qwen else _bool("attention_bias", cfg.get("attention_bias"), False),
-            o_bias=False if qwen else _bool("attention_bias", cfg.get("attention_bias"), False),
-            mlp_bias=False if qwen else _bool("mlp_bias", cfg.get("mlp_bias"), False),
-            tie_word_embeddings=_bool("tie_word_embeddings", cfg.get("tie_word_embeddings"), False),
-            max_position_embeddings=_pos_int("max_position_embeddings",
-                                             _need(cfg, "max_position_embeddings", default=4096)),
-            rope_theta=theta, rope_type=rtype,
-            sliding_window=_pos_int("sliding_window", sw) if (sw is not None and use_sw) else None,
-            attention_dropout=_nonneg_float("attention_dropout", cfg.get("attention_dropout", 0.0)),
-            pad_token_id=pad if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < cfg["vocab_size"]
-            else None,
-        )
-    return spec
+        mlp = gated * h * ffn + ((ffn + h) if model.get("mlp_bias") else 0)
+    family = model.get("family")
+    n_norms = 4 if family in ("gemma2", "gemma3") else 2
+    norms = n_norms * h * (2 if layer_norm else 1)  # LayerNorms have biases
+    embed = vocab * h + (int(model.get("max_position_embeddings", 0)) * h if gpt2 else 0)
+    head = 0 if model.get("tie_word_embeddings") else vocab * h
+    final_norm = (2 if layer_norm else 1) * h
+    return embed + layers * (attn + mlp + norms) + final_norm + head
 
 
 def _no_constant(name: str) -> Any:

@@ -74,3 +74,30 @@ def cpu_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
                       "--out", str(root / "cpu" / "ops"), "--quiet", "--timer", "closed-form")
     assert r.returncode == 0, r.stderr
     return root
+
+# One tiny config.json per family of the spec registry (built by transformers in the fidelity tests):
+# sliding windows shorter than the test sequence so that their masks are real, two layer types where the
+# family alternates them, routed experts with shared ones.
+_DEC = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 4, "vocab_size": 512, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6}
+TINY_FAMILIES: dict[str, dict] = {
+    "mistral-sw": {**_DEC, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 16},
+    "qwen2-sw": {**_DEC, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": True,
+                 "sliding_window": 16, "max_window_layers": 2},
+    "qwen3": {**_DEC, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 64},
+    "gemma2": {**_DEC, "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "head_dim": 32,
+               "sliding_window": 16, "query_pre_attn_scalar": 32, "final_logit_softcapping": 30.0,
+               "attn_logit_softcapping": 50.0},
+    "gemma3": {**_DEC, "num_hidden_layers": 6, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+               "head_dim": 32, "sliding_window": 16, "query_pre_attn_scalar": 32, "rope_local_base_freq": 10000.0},
+    "phi3": {**_DEC, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "sliding_window": 16, "pad_token_id": 0,
+             "num_key_value_heads": 4},
+    "gpt-neox": {**_DEC, "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
+                 "num_key_value_heads": 4, "rotary_pct": 0.25, "layer_norm_eps": 1e-5, "hidden_act": "gelu"},
+    "mixtral": {**_DEC, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    "qwen2-moe": {**_DEC, "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128},
+    "qwen3-moe": {**_DEC, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 64, "head_dim": 32, "norm_topk_prob": True},
+}

@@ -16,21 +16,22 @@ import math
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from tp_query.engine.graph import Graph, GraphMeta, MemoryProfile, OpRecord, ParamRecord, Phase, Section
+from tp_query.engine.graph import (Graph, GraphMeta, MemoryProfile, OpRecord, ParamRecord, Phase, Section,
+                                  layer_templates)
 from tp_query.schema.model_config import ModelSpec
 from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
 
 from . import autocast_cuda
 from . import cuda_composites as sdpa
-from .models import COMM_SINK, CausalLM, Shard, build_model
+from .models import COMM_SINK, Shard, build_model, section_modules
 from .torchargs import dtype_of, encode_call, torch_dtype
 
 _ACC_GRAD_SEQ = 2**64 - 1
@@ -367,12 +368,25 @@ def _validate(req: TraceRequest) -> None:
     if req.framework not in ("torch", "megatron"):
         raise TraceError(f"unknown framework {req.framework!r}: torch or megatron")
     if req.framework == "megatron":
-        if s.family.value != "llama":
+        if s.family.value != "llama":  # pragma: no cover - the hf builder check above comes first
             raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family configs, "
                              f"not {s.family.value}")
         if req.sequence_parallel and req.tp > 1:
             raise TraceError("Megatron-Core's local layer spec refuses sequence parallelism (it needs Transformer "
                              "Engine or apex norms); use --framework torch or drop --sequence-parallel")
+    if s.builder.value == "hf":
+        if req.framework == "megatron":
+            raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family configs, "
+                             f"not {s.family.value}")
+        if req.sequence_parallel and req.tp > 1 and s.layer_types:
+            raise TraceError(f"sequence parallelism with {s.family.value}'s sliding-window layers is not modelled")
+        for what, n in (("expert FFN size", s.moe_intermediate_size),
+                        ("shared expert FFN size", s.shared_expert_intermediate_size)):
+            if n and n % req.tp:
+                raise TraceError(f"TP={req.tp} does not divide the {what} ({n})")
+        if req.tp > 1 and s.family.value == "gpt_neox":
+            raise TraceError("TP>1 is not modelled for GPT-NeoX (its attention derives the head size from "
+                             "hidden_size / heads, so a per-rank module cannot be built from a divided config)")
     if req.micro_batch <= 0 or req.seq_len <= 0:
         raise TraceError("micro-batch and sequence length must be positive")
     if req.tp <= 0:
@@ -434,7 +448,13 @@ def trace_config(req: TraceRequest) -> Graph:
     sdpa.install()
     st = SETTINGS[req.setting]
     t0 = time.perf_counter()
-    spec_t = req.spec.with_layers(req.traced_layers)
+    if req.spec.layer_types and req.traced_layers < req.spec.num_layers:
+        # layers differ in attention type: a leading layer, then one template of each type
+        tlt = req.spec.traced_layer_types()
+        spec_t = replace(req.spec, num_layers=len(tlt), layer_types=tlt)
+    else:
+        spec_t = req.spec.with_layers(req.traced_layers)
+    n_traced = spec_t.num_layers
     shard = Shard(req.tp, req.sequence_parallel and req.tp > 1, req.recompute)
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     with FakeTensorMode(allow_non_fake_inputs=False):
@@ -480,12 +500,12 @@ def trace_config(req: TraceRequest) -> Graph:
         if scaler is not None:
             static += 2 * BLOCK
 
-        assert isinstance(model, CausalLM)
-        hooks = [model.embed.register_forward_pre_hook(lambda m, a: cap.enter(Section.EMBED)),
-                 model.embed.register_forward_hook(lambda m, a, o: cap.mark("embed_end")),
-                 model.head.register_forward_pre_hook(lambda m, a: cap.enter_head()),
+        embed_mod, layer_mods, head_mod = section_modules(model)
+        hooks = [embed_mod.register_forward_pre_hook(lambda m, a: cap.enter(Section.EMBED)),
+                 embed_mod.register_forward_hook(lambda m, a, o: cap.mark("embed_end")),
+                 head_mod.register_forward_pre_hook(lambda m, a: cap.enter_head()),
                  ]
-        for i, layer in enumerate(model.layers):
+        for i, layer in enumerate(layer_mods):
             hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: cap.enter(Section.LAYER, i)))
             hooks.append(layer.register_forward_hook(lambda m, a, o, i=i: cap.mark(f"layer{i}_end")))
         COMM_SINK.append(cap.comm)
@@ -503,26 +523,38 @@ def trace_config(req: TraceRequest) -> Graph:
 
     # named_parameters() lists a tied LM head once, under the embedding
     grad_bytes = sum(rounded(p.numel * torch_dtype(p.dtype).itemsize) for p in records_params)
-    mem = _memory_profile(cap, static, grad_bytes, req.traced_layers)
+    extra: dict[str, Any] = {"trace_s": round(time.perf_counter() - t0, 3), "framework": req.framework}
+    if spec_t.layer_types:
+        extra["traced_layer_types"] = list(spec_t.layer_types)
     meta = GraphMeta(
         source="config", model=req.spec.to_dict(), setting=req.setting.value, micro_batch=req.micro_batch,
         seq_len=req.seq_len, tp=req.tp, sequence_parallel=shard.sequence_parallel, recompute=req.recompute,
-        optimizer=req.optimizer, traced_layers=req.traced_layers, torch_version=torch.__version__,
-        sdpa_policy=sdpa.POLICY_ID, extra={"trace_s": round(time.perf_counter() - t0, 3), "framework": req.framework},
+        optimizer=req.optimizer, traced_layers=n_traced, torch_version=torch.__version__,
+        sdpa_policy=sdpa.POLICY_ID, extra=extra,
     )
+    mem = _memory_profile(cap, static, grad_bytes, n_traced,
+                          layer_templates(meta) or {n_traced - 1: 1.0})
     return Graph(meta, tuple(cap.records), tuple(records_params), mem)
 
 
-def _memory_profile(cap: _Capture, static: int, grad_bytes: int, n_layers: int) -> MemoryProfile:
+def _memory_profile(cap: _Capture, static: int, grad_bytes: int, n_layers: int,
+                    templates: dict[int, float]) -> MemoryProfile:
+    """Activations a layer keeps: the templates' own (weighted by their share of the model's layers)."""
     m = cap.marks
     embed_end = m.get("embed_end", 0)
     last = m.get(f"layer{n_layers - 1}_end", embed_end)
-    prev = m.get(f"layer{n_layers - 2}_end", embed_end) if n_layers >= 2 else embed_end
-    layer_act = max(last - prev, 0)
+
+    def kept(i: int) -> int:
+        prev = m.get(f"layer{i - 1}_end", embed_end) if i >= 1 else embed_end
+        return max(m.get(f"layer{i}_end", prev) - prev, 0)
+
+    def transient(i: int) -> int:
+        start = m.get(f"bwd_layer{i}", 0)
+        return max(cap.window_peak.get(f"bwd_layer{i}", start) - start, 0)
+
+    layer_act = round(sum(kept(i) * w for i, w in templates.items()))
     head_peak = max(cap.window_peak.get("head", last) - last, 0)
-    li = n_layers - 1
-    start = m.get(f"bwd_layer{li}", 0)
-    layer_bwd = max(cap.window_peak.get(f"bwd_layer{li}", start) - start, 0)
+    layer_bwd = max(transient(i) for i in templates)
     opt_base = m.get("bwd_end", 0)
     opt_peak = max(cap.window_peak.get("opt", opt_base) - opt_base, 0)
     return MemoryProfile(

@@ -117,11 +117,34 @@ def _fused_rms_norm_cpu(input: torch.Tensor, normalized_shape: list[int], weight
     return (out * weight if weight is not None else out), rstd
 
 
+def _allow_grouped_mm_any_float() -> None:
+    """torch's meta kernel of `_grouped_mm` accepts bf16 only (its CUTLASS path); CUDA's `_grouped_mm`
+    runs fp32 and fp16 through its fallback, which transformers' MoE experts reach with fp32 weights
+    (AMP, fp32, tf32). Shape the output of those the same way instead of refusing them."""
+    import torch._meta_registrations as mr
+
+    orig = mr._meta_grouped_mm_common
+    if getattr(orig, "_tp_query", False):
+        return
+
+    def common(mat_a: torch.Tensor, mat_b: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        scale_a = kwargs.get("scale_a", args[0] if args else None)
+        if (scale_a is None and mat_a.dtype == mat_b.dtype and mat_a.dtype in (torch.float32, torch.float16)):
+            offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+            out_dtype = kwargs.get("out_dtype", args[5] if len(args) > 5 else None)
+            return mr._create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+        return orig(mat_a, mat_b, *args, **kwargs)  # type: ignore[no-any-return]
+
+    common._tp_query = True  # type: ignore[attr-defined]
+    mr._meta_grouped_mm_common = common
+
+
 def install() -> None:
     """Route SDPA, dropout and RMSNorm through their CUDA choices for this process (once)."""
     global _LIB
     if _LIB is not None:
         return
+    _allow_grouped_mm_any_float()
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

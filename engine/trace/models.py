@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from tp_query.schema.model_config import ArchFamily, ModelSpec
+from tp_query.schema.model_config import ArchFamily, Builder, ModelSpec
 
 # Set by the capture while it records: (collective, tensor, group) -> None.
 COMM_SINK: list[Callable[[str, torch.Tensor, str], None]] = []
@@ -542,10 +542,23 @@ class CausalLM(nn.Module):
         return self.head(hidden_states, labels)
 
 
-def build_model(spec: ModelSpec, shard: Shard, framework: str = "torch") -> CausalLM:
-    """The module one rank runs: HuggingFace's (PyTorch native stacks) or Megatron-Core's local GPT spec."""
+def build_model(spec: ModelSpec, shard: Shard, framework: str = "torch") -> nn.Module:
+    """The module one rank runs: HuggingFace's (PyTorch native stacks; our copy or, for the families the
+    spec registry marks `hf`, transformers' own) or Megatron-Core's local GPT spec."""
     if framework == "megatron":
         from .megatron_local import MegatronGPT
 
         return MegatronGPT(spec, shard)
+    if spec.builder == Builder.HF:
+        from .hf_models import HFCausalLM
+
+        return HFCausalLM(spec, shard)
     return CausalLM(spec, shard)
+
+
+def section_modules(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
+    """(module whose forward opens the embed section, the decoder layers, module that opens the head)."""
+    own = getattr(model, "section_modules", None)
+    if own is not None:
+        return own()  # type: ignore[no-any-return]
+    return model.embed, model.layers, model.head  # type: ignore[return-value]

@@ -1,0 +1,174 @@
+"""Training graphs of the families transformers builds for us (builder HF in the spec registry):
+Mistral and Qwen2 with sliding windows, Qwen3, Gemma-2/3, Phi-3, GPT-NeoX, Mixtral, Qwen2-MoE,
+Qwen3-MoE. The module is transformers' own (5.17, SDPA attention, its default grouped-GEMM experts),
+so a trace dispatches what a user's HF training step dispatches, masks, rotary tables and routing
+included. Only the parts a split changes are ours:
+
+- tensor parallelism shards through the config (heads, KV heads, FFN, expert FFN, vocabulary divided
+  by TP, head_dim kept), with Megatron's communication points recorded by hooks where each attention
+  and MLP block enters and leaves the TP region (sequence parallel: all-gather / reduce-scatter);
+- the embedding is vocab-parallel under TP and the loss is the LM head plus (TP>1) Megatron's
+  vocab-parallel cross-entropy, as in the native builder;
+- a traced model holds one layer of each attention type (`ModelSpec.traced_layer_types`).
+
+tests/test_trace_families.py checks the TP=1 graphs against transformers' own CausalLM.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from torch import nn
+from tp_query.schema.model_config import ArchFamily, ModelSpec
+
+from .models import Shard, TPRegion, _ReduceFromTP, _ScatterSP, causal_lm_loss, packed_sequence_check
+
+# Config keys a TP split divides (transformers builds the per-rank module from the divided config).
+_TP_KEYS = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
+            "shared_expert_intermediate_size", "vocab_size")
+# Families whose attention derives head_dim from hidden_size / heads (a divided config cannot keep it).
+_NO_TP = {ArchFamily.GPT_NEOX: "GPT-NeoX derives its head size from hidden_size / heads"}
+
+
+class UnsupportedSplit(ValueError):
+    pass
+
+
+def _attn_attr(layer: nn.Module) -> nn.Module:
+    return layer.self_attn if hasattr(layer, "self_attn") else layer.attention
+
+
+def _patch_packed_check() -> None:
+    """transformers skips `find_packed_sequence_indices`' host check under fake tensors and then builds a
+    dense mask; a real CUDA run performs the check (one sync) and uses is_causal. Record the real run."""
+    import transformers.masking_utils as mu
+
+    if getattr(mu.find_packed_sequence_indices, "_tp_query", False):
+        return
+
+    def find_packed_sequence_indices(position_ids: torch.Tensor) -> None:
+        packed_sequence_check(position_ids, position_ids.shape[0])
+        return None
+
+    find_packed_sequence_indices._tp_query = True  # type: ignore[attr-defined]
+    mu.find_packed_sequence_indices = find_packed_sequence_indices
+
+
+def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
+    """transformers' config of the module one rank runs (layers as `spec.num_layers` / layer_types)."""
+    from transformers import AutoConfig
+
+    cfg = json.loads(spec.hf_config)
+    cfg["num_hidden_layers"] = spec.num_layers
+    if spec.layer_types:
+        cfg["layer_types"] = list(spec.layer_types)
+    if "head_dim" not in cfg and spec.family != ArchFamily.GPT_NEOX:
+        cfg["head_dim"] = spec.head_dim
+    if shard.tp > 1:
+        if spec.family in _NO_TP:
+            raise UnsupportedSplit(f"TP>1 is not modelled for {spec.family}: {_NO_TP[spec.family]}")
+        for k in _TP_KEYS:
+            if cfg.get(k):
+                if cfg[k] % shard.tp:
+                    raise UnsupportedSplit(f"{k} {cfg[k]} is not divisible by TP={shard.tp}")
+                cfg[k] //= shard.tp
+        cfg["pad_token_id"] = None  # a padding row belongs to one vocabulary shard (as the native builder)
+    mt = cfg.pop("model_type")
+    return AutoConfig.for_model(mt, **cfg)
+
+
+class _Section(nn.Module):
+    """A named holder so that parameter names read embed.* / layers.i.* / head.* like the native builder."""
+
+
+class HFCausalLM(nn.Module):
+    """transformers' CausalLM with the capture's sections: `embed` (token embedding, masks, rotary tables),
+    `layers`, `head` (final norm, LM head, loss)."""
+
+    def __init__(self, spec: ModelSpec, shard: Shard) -> None:
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        _patch_packed_check()
+        self.spec, self.shard = spec, shard
+        hf = AutoModelForCausalLM.from_config(hf_config_for(spec, shard), attn_implementation="sdpa")
+        base = hf.base_model
+        self.embed = _Section()
+        self.embed.embed_tokens = base.get_input_embeddings()
+        self.layers = base.layers
+        self.head = _Section()
+        self.head.norm = base.norm if hasattr(base, "norm") else base.final_layer_norm
+        self.head.lm_head = hf.get_output_embeddings()
+        self.hf = hf
+        self.base = base
+        self.final_softcap = getattr(hf.config, "final_logit_softcapping", None)
+        self.region = TPRegion(shard)
+        self._hooks: list[Any] = []
+        if shard.recompute:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if shard.tp > 1:
+            self._install_tp_hooks()
+
+    # -- sections the capture hooks onto --------------------------------------------------------
+    def section_modules(self) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
+        """(module that opens the embed section, layers, module that opens the head section)."""
+        return self.embed.embed_tokens, self.layers, self.head.norm
+
+    # -- tensor parallelism -----------------------------------------------------------------------
+    def _install_tp_hooks(self) -> None:
+        region = self.region
+        shard = self.shard
+
+        def enter_pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if "hidden_states" in kwargs:
+                kwargs = {**kwargs, "hidden_states": region.enter(kwargs["hidden_states"])}
+                return args, kwargs
+            return (region.enter(args[0]), *args[1:]), kwargs
+
+        def leave_post(mod: nn.Module, args: Any, out: Any) -> Any:
+            if isinstance(out, tuple):
+                return (region.leave(out[0]), *out[1:])
+            return region.leave(out)
+
+        for layer in self.layers:
+            for block in (_attn_attr(layer), layer.mlp):
+                self._hooks.append(block.register_forward_pre_hook(enter_pre, with_kwargs=True))
+                self._hooks.append(block.register_forward_hook(leave_post))
+
+        emb = self.embed.embed_tokens
+        vocab = emb.num_embeddings
+        state: dict[str, torch.Tensor] = {}
+
+        def emb_pre(mod: nn.Module, args: tuple[Any, ...]) -> Any:
+            input_ids = args[0]
+            input_mask = (input_ids < 0) | (input_ids >= vocab)
+            masked_input = input_ids.clone() - 0
+            masked_input[input_mask] = 0
+            state["mask"] = input_mask
+            return (masked_input, *args[1:])
+
+        def emb_post(mod: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+            out[state.pop("mask"), :] = 0.0
+            if shard.sequence_parallel:
+                return _ScatterSP.apply(out, shard.tp)
+            return _ReduceFromTP.apply(out)
+
+        self._hooks.append(emb.register_forward_pre_hook(emb_pre))
+        self._hooks.append(emb.register_forward_hook(emb_post))
+
+    # -- forward ----------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        kw: dict[str, Any] = {}
+        if self.region.sp:  # the embedding's output holds seq/TP tokens: positions come from the full sequence
+            kw["position_ids"] = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        hidden_states = self.base(input_ids=input_ids, use_cache=False, **kw).last_hidden_state
+        hidden_states = self.region.enter(hidden_states)
+        logits = self.head.lm_head(hidden_states[:, slice(0, None), :])
+        if self.final_softcap is not None:
+            logits = logits / self.final_softcap
+            logits = torch.tanh(logits)
+            logits = logits * self.final_softcap
+        vocab = self.head.lm_head.out_features
+        return causal_lm_loss(logits, labels, vocab, self.shard)

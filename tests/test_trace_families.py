@@ -1,0 +1,105 @@
+"""The spec registry's families against transformers itself: our sectioned, shardable wrapper of a
+family's modules traces, at TP=1, exactly the operators of transformers' own CausalLM training step
+(forward with labels, backward, optimizer step), masks, rotary tables, routing and grouped expert GEMMs
+included; and the sections the engine composes stages from hold what they should."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from tp_query.engine.trace.capture import TraceRequest, trace_config, trace_module
+from tp_query.schema.model_config import SLIDING, ArchFamily, Builder, ConfigError, parse_config
+from tp_query.schema.precision import Setting
+from tp_query.schema.signature import OpCall
+
+from .conftest import TINY_FAMILIES
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+
+def _hf_graph(cfg: dict, setting: Setting, mb: int, seq: int):  # type: ignore[no-untyped-def]
+    from tp_query.engine.trace.hf_models import _patch_packed_check, hf_config_for
+    from tp_query.engine.trace.models import Shard
+    from transformers import AutoModelForCausalLM
+
+    _patch_packed_check()
+    spec = parse_config(cfg)
+    hcfg = hf_config_for(spec, Shard())
+
+    class Wrap(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = AutoModelForCausalLM.from_config(hcfg, attn_implementation="sdpa")
+
+        def forward(self, ids):  # type: ignore[no-untyped-def]
+            return self.m(input_ids=ids, labels=ids, use_cache=False).loss
+
+    return trace_module(Wrap, lambda m: (torch.randint(0, cfg["vocab_size"], (mb, seq)),), setting)
+
+
+@pytest.mark.parametrize("name", sorted(TINY_FAMILIES))
+@pytest.mark.parametrize("setting", [Setting.AMP_BF16, Setting.BF16])
+def test_family_matches_transformers(name: str, setting: Setting) -> None:
+    cfg = TINY_FAMILIES[name]
+    spec = parse_config(cfg)
+    assert spec.builder == Builder.HF
+    ours = trace_config(TraceRequest(spec, setting, 2, 64, traced_layers=spec.num_layers))
+    theirs = _hf_graph(cfg, setting, 2, 64)
+    for phase in ("fwd", "bwd", "opt"):
+        a = Counter((o.op, o.sig) for o in ours.ops if o.phase.value == phase)
+        b = Counter((o.op, o.sig) for o in theirs.ops if o.phase.value == phase)
+        extra, missing = a - b, b - a
+        # the packed-sequence check's host read: our trace records the sync the CUDA run performs
+        extra.pop(("aten._local_scalar_dense.default", '{"a":[{"T":[],"d":"bool"}]}'), None)
+        assert not extra and not missing, (phase, list(extra.items())[:3], list(missing.items())[:3])
+
+
+def test_sliding_layers_attend_through_a_mask() -> None:
+    """A window shorter than the sequence: transformers materialises the sliding mask and SDPA takes the
+    masked (cuDNN) path on those layers; global layers keep is_causal with no mask."""
+    spec = parse_config(TINY_FAMILIES["gemma2"])
+    assert spec.layer_types[:2] == (SLIDING, "full_attention")
+    g = trace_config(TraceRequest(spec, Setting.BF16, 1, 64))
+    assert g.meta.extra["traced_layer_types"] == [SLIDING, SLIDING, "full_attention"]
+    attn = [o for o in g.ops if o.op == "aten._scaled_dot_product_cudnn_attention.default"]
+    by_layer = {o.layer: OpCall.from_json_str(o.op, o.sig) for o in attn}
+    n_tensors = {li: sum(1 for _ in c.tensors()) for li, c in by_layer.items()}
+    assert n_tensors[1] == 4 and by_layer[1].args[3].shape == (1, 1, 64, 64)  # q, k, v and the window mask
+    assert n_tensors[2] == 3 and by_layer[2].args[3] is None  # global layer: is_causal, no mask
+    # a window at least as long as the sequence needs no mask: every layer is plain causal attention
+    long = parse_config({**TINY_FAMILIES["gemma2"], "sliding_window": 4096})
+    g2 = trace_config(TraceRequest(long, Setting.BF16, 1, 64))
+    sigs = {o.sig for o in g2.ops if o.op == "aten._scaled_dot_product_cudnn_attention.default"}
+    assert len(sigs) == 1
+
+
+def test_moe_records_grouped_gemms_and_tp_shards_experts() -> None:
+    spec = parse_config(TINY_FAMILIES["qwen2-moe"])
+    assert spec.is_moe and spec.num_experts == 4 and spec.experts_per_token == 2
+    g1 = trace_config(TraceRequest(spec, Setting.BF16, 1, 64))
+    gm = [o for o in g1.ops if o.op == "aten._grouped_mm.default"]
+    assert {o.phase.value for o in gm} == {"fwd", "bwd"}
+    g2 = trace_config(TraceRequest(spec, Setting.BF16, 1, 64, tp=2))
+    w1 = {p.name: p.shape for p in g1.params}
+    w2 = {p.name: p.shape for p in g2.params}
+    name = next(n for n in w1 if n.endswith("experts.gate_up_proj"))
+    assert w2[name][1] * 2 == w1[name][1]  # each rank holds every expert's half FFN
+    comm = Counter(o.op for o in g2.ops if o.op.startswith("comm."))
+    assert comm["comm.all_reduce"] > 0
+
+
+@pytest.mark.parametrize("cfg, msg", [
+    ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}, "latent attention"),
+    ({**TINY_FAMILIES["qwen2-moe"], "mlp_only_layers": [1]}, "mlp_only_layers"),
+    ({**TINY_FAMILIES["gemma2"], "layer_types": ["nope"] * 4}, "layer_types"),
+])
+def test_refusals_say_why(cfg: dict, msg: str) -> None:
+    with pytest.raises(ConfigError, match=msg):
+        parse_config(cfg)
+
+
+def test_registry_families() -> None:
+    fams = {parse_config(c).family for c in TINY_FAMILIES.values()}
+    assert fams == set(ArchFamily) - {ArchFamily.LLAMA, ArchFamily.GPT2}
