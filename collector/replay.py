@@ -23,8 +23,9 @@ def _attention_backward(call: OpCall, device: torch.device) -> Callable[[], Any]
     fwd = resolve_op(fwd_name)
     bwd = resolve_op(call.op)
     if fwd_name.endswith("cudnn_attention.default"):
-        o = fwd(q, k, v, None, True, dropout, causal, False, scale=scale)
-        bargs = (grad_out, q, k, v, o[0], o[1], o[6], o[7], None, o[2], o[3], o[4], o[5], dropout, causal)
+        mask = args[8]  # the additive mask (sliding windows), or None
+        o = fwd(q, k, v, mask, True, dropout, causal, False, scale=scale)
+        bargs = (grad_out, q, k, v, o[0], o[1], o[6], o[7], mask, o[2], o[3], o[4], o[5], dropout, causal)
     elif fwd_name.endswith("efficient_attention.default"):
         o = fwd(q, k, v, None, True, dropout, causal, scale=scale)
         mask = args[10]
@@ -35,11 +36,31 @@ def _attention_backward(call: OpCall, device: torch.device) -> Callable[[], Any]
     return lambda: bwd(*bargs, scale=scale)
 
 
+def balanced_offsets(total: int, groups: int, device: torch.device) -> torch.Tensor:
+    """Cumulative group ends with every group the same share (the last takes the remainder)."""
+    ends = [(i + 1) * total // groups for i in range(groups)]
+    return torch.tensor(ends, dtype=torch.int32, device=device)
+
+
+def _grouped(call: OpCall, device: torch.device) -> Callable[[], Any]:
+    op = resolve_op(call.op)
+    args, kwargs = materialize(call, device)
+    a, b = args[0], args[1]
+    groups = b.shape[0] if (a.dim() == 2 and b.dim() == 3) else int(args[2].shape[0])
+    jagged = a.shape[0] if b.dim() == 3 else a.shape[1]
+    args = [a, b, balanced_offsets(jagged, groups, device), *args[3:]]
+    if "offs" in kwargs:
+        kwargs = {**kwargs, "offs": args.pop(2)}
+    return lambda: op(*args, **kwargs)
+
+
 def build(call: OpCall, device: torch.device) -> Callable[[], Any]:
     """A zero-argument closure that runs `call` once on `device` with persistent inputs."""
     kind = REGISTRY.for_op(call.op)
     if kind.input_rule == InputRule.FROM_FORWARD:
         return _attention_backward(call, device)
+    if kind.input_rule == InputRule.GROUP_OFFSETS:
+        return _grouped(call, device)
     op = resolve_op(call.op)
     args, kwargs = materialize(call, device)
     return lambda: op(*args, **kwargs)

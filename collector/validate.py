@@ -86,6 +86,75 @@ MISTRAL_7B = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", 
 LLAMA3_70B = {**LLAMA3_8B, "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
               "num_key_value_heads": 8, "num_hidden_layers": 80}
 
+# -- the spec registry's other families (config.json of the released models, layers sliced) ----------
+QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
+            "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "num_hidden_layers": 36, "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+            "max_position_embeddings": 40960, "tie_word_embeddings": False, "hidden_act": "silu",
+            "attention_bias": False}
+MISTRAL_7B_SW = {**MISTRAL_7B, "sliding_window": 2048}
+GEMMA2_9B = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584,
+             "intermediate_size": 14336, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+             "num_hidden_layers": 42, "vocab_size": 256000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+             "max_position_embeddings": 8192, "sliding_window": 4096, "query_pre_attn_scalar": 256,
+             "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+             "hidden_activation": "gelu_pytorch_tanh", "pad_token_id": 0}
+GEMMA3_4B = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 2560,
+             "intermediate_size": 10240, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+             "num_hidden_layers": 34, "vocab_size": 262208, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+             "rope_local_base_freq": 10000.0, "max_position_embeddings": 131072, "sliding_window": 1024,
+             "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh", "pad_token_id": 0}
+PHI3_MINI = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072,
+             "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 32,
+             "vocab_size": 32064, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+             "sliding_window": 2047, "hidden_act": "silu", "pad_token_id": 32000, "tie_word_embeddings": False}
+PYTHIA_1_4B = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": 2048,
+               "intermediate_size": 8192, "num_attention_heads": 16, "num_hidden_layers": 24, "vocab_size": 50304,
+               "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5, "hidden_act": "gelu",
+               "max_position_embeddings": 2048, "use_parallel_residual": True, "tie_word_embeddings": False}
+MIXTRAL_8X7B = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+                "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "num_hidden_layers": 32, "vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+                "max_position_embeddings": 32768, "num_local_experts": 8, "num_experts_per_tok": 2,
+                "hidden_act": "silu", "tie_word_embeddings": False, "router_jitter_noise": 0.0}
+QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+                 "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
+                 "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 48, "vocab_size": 151936,
+                 "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "rms_norm_eps": 1e-6,
+                 "rope_theta": 1000000.0, "max_position_embeddings": 40960, "hidden_act": "silu",
+                 "tie_word_embeddings": False, "decoder_sparse_step": 1, "mlp_only_layers": []}
+QWEN15_MOE_A27B = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+                   "intermediate_size": 5632, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                   "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 24,
+                   "vocab_size": 151936, "num_experts": 60, "num_experts_per_tok": 4, "norm_topk_prob": False,
+                   "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 8192,
+                   "hidden_act": "silu", "tie_word_embeddings": False, "decoder_sparse_step": 1,
+                   "mlp_only_layers": []}
+# name -> (config, layers kept, micro-batch, sequence): every case held out of every fitted constant, and
+# of the operator database's exact shapes too (families.jsonl profiles their calls at other sequences)
+FAMILY_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
+    "qwen3-8b": (QWEN3_8B, 4, 1, 4096),
+    "mistral-7b-sw2048": (MISTRAL_7B_SW, 4, 1, 8192),
+    "gemma2-9b": (GEMMA2_9B, 4, 1, 8192),
+    "gemma3-4b": (GEMMA3_4B, 6, 1, 4096),
+    "phi3-mini": (PHI3_MINI, 4, 1, 4096),
+    "pythia-1.4b": (PYTHIA_1_4B, 24, 2, 2048),
+    "mixtral-8x7b": (MIXTRAL_8X7B, 2, 1, 4096),
+    "qwen3-30b-a3b": (QWEN3_30B_A3B, 4, 1, 4096),
+    "qwen1.5-moe-a2.7b": (QWEN15_MOE_A27B, 4, 1, 4096),
+}
+FAMILY_SETTINGS = ("amp_bf16", "bf16", "tf32")
+
+
+def family_cases() -> list[Case]:
+    out = []
+    for name, (cfg, layers, mb, seq) in FAMILY_CASES.items():
+        model = f"{name}-L{layers}"
+        for s in FAMILY_SETTINGS:
+            out.append(Case(f"{model}-mb{mb}-s{seq}-{s}", model, layers_of(cfg, layers), s, mb, seq, "holdout"))
+    return out
+
+
 MODELS: dict[str, dict[str, Any]] = {
     "llama3-8b": LLAMA3_8B, "gpt2": GPT2, "gpt2-medium": GPT2_MEDIUM, "qwen2-1.5b": QWEN2_1_5B,
     "qwen2-0.5b": QWEN2_0_5B, "qwen2-7b": QWEN2_7B, "llama2-13b": LLAMA2_13B, "mistral-7b": MISTRAL_7B,
@@ -149,7 +218,7 @@ def default_cases() -> list[Case]:
     # does not fit: full LLaMA-3-8B under AMP (16 bytes/parameter of state) and a 70B slice too deep
     add("llama3-8b-full", LLAMA3_8B, 1, 4096, "holdout", settings=["amp_bf16", "bf16"])
     add("llama3-70b-L12", layers_of(LLAMA3_70B, 12), 1, 4096, "holdout", settings=["amp_bf16"])
-    return cases
+    return cases + family_cases()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ class InputRule(StrEnum):
 
     RANDOM = "random"
     FROM_FORWARD = "from_forward"  # attention backward: run the forward to get out/logsumexp/rng state
+    GROUP_OFFSETS = "group_offsets"  # grouped GEMM: int32 offsets cutting the rows into balanced groups
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,11 @@ FAMILIES: dict[Family, FamilySpec] = {
     Family.GEMM: FamilySpec(Family.GEMM, ("m", "n", "k"), ("layout", "batch", "aligned"),
                             derive=_gemm_alignment),
     # heads is batch x heads: the kernels parallelise over both alike; the GQA ratio only changes K/V reads
-    Family.ATTENTION: FamilySpec(Family.ATTENTION, ("heads", "seq_q"), ("head_dim", "causal", "dropout", "seq_k_eq")),
+    # masked: an additive mask (sliding windows) makes cuDNN compute every tile; rows stored before the
+    # feature existed read NULL, i.e. unmasked
+    Family.ATTENTION: FamilySpec(Family.ATTENTION, ("heads", "seq_q"), ("head_dim", "causal", "dropout", "seq_k_eq",
+                                                                         "masked"),
+                                 derive=lambda f: {"masked": bool(f.get("masked"))}),
     Family.ROWWISE: FamilySpec(Family.ROWWISE, ("rows", "cols"), (), log_space=False),
     Family.EMBEDDING: FamilySpec(Family.EMBEDDING, ("tokens", "vocab", "dim"), (), log_space=False),
     Family.FOREACH: FamilySpec(Family.FOREACH, ("tensors", "numel"), (), log_space=False),
@@ -87,7 +92,7 @@ FAMILIES: dict[Family, FamilySpec] = {
 FEATURE_COLUMNS: dict[str, str] = {
     "batch": "int", "m": "int", "n": "int", "k": "int", "layout": "str",
     "heads": "int", "kv_heads_ratio": "int", "seq_q": "int", "seq_k_eq": "bool", "head_dim": "int",
-    "causal": "bool", "dropout": "bool",
+    "causal": "bool", "dropout": "bool", "masked": "bool", "groups": "int",
     "rows": "int", "cols": "int", "tokens": "int", "vocab": "int", "dim": "int",
     "tensors": "int", "numel": "int", "pattern": "str",
 }
@@ -359,6 +364,39 @@ REGISTRY.register(OpKind("baddbmm", ("aten.baddbmm.default",), Family.GEMM, _bad
                          _gemm_bytes, tf32_sensitive=True, grid=_baddbmm_grid))
 
 
+# Grouped GEMM (MoE experts: transformers' grouped_mm path): one kernel over `groups` GEMMs whose rows
+# (2-D x 3-D, forward and input gradient) or shared dimension (2-D x 2-D -> 3-D, weight gradient) are cut
+# at `offs`. Timed with balanced groups (every expert the same share of tokens, the prediction's stated
+# routing assumption); features are the totals, as a dense GEMM of the same work.
+def _grouped_features(c: OpCall) -> Features:
+    a, b = c.arg_tensor(0), c.arg_tensor(1)
+    if len(a.shape) == 2 and len(b.shape) == 3:  # (S, K) x (G, K, N) -> (S, N)
+        g, m, k, n, layout = b.shape[0], a.shape[0], a.shape[1], b.shape[2], "grouped:2d3d"
+    elif len(a.shape) == 2 and len(b.shape) == 2:  # (K, S) x (S, N) -> (G, K, N): weight gradient
+        offs = c.arg_tensor(2) if len(c.args) > 2 and isinstance(c.args[2], TensorSpec) else None
+        g = offs.shape[0] if offs is not None else 1
+        m, k, n, layout = a.shape[0], a.shape[1], b.shape[1], "grouped:2d2d"
+    else:
+        g, m, k, n, layout = a.shape[0], a.shape[-2], a.shape[-1], b.shape[-1], "grouped:3d"
+    return {"batch": g, "groups": g, "m": m, "n": n, "k": k, "layout": layout}
+
+
+def _grouped_flops(c: OpCall, f: Features) -> float:
+    return 2.0 * f["m"] * f["n"] * f["k"] * (f["groups"] if f["layout"] == "grouped:3d" else 1)
+
+
+def _grouped_bytes(c: OpCall, f: Features) -> float:
+    a, b = c.arg_tensor(0), c.arg_tensor(1)
+    it = a.dtype.itemsize
+    out = f["m"] * f["n"] * (f["groups"] if f["layout"] != "grouped:2d3d" else 1)
+    return float(a.nbytes + b.nbytes + out * it)
+
+
+REGISTRY.register(OpKind("grouped_mm", ("aten._grouped_mm.default",), Family.GEMM, _grouped_features,
+                         _grouped_flops, _grouped_bytes, tf32_sensitive=True, input_rule=InputRule.GROUP_OFFSETS,
+                         notes="MoE experts; offsets balanced across groups"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention
 # ---------------------------------------------------------------------------------------------
@@ -387,14 +425,30 @@ def _attn_common(q: TensorSpec, k: TensorSpec, dropout: Any, causal: Any) -> Fea
             "_seq_k": sk}
 
 
+# where an attention call carries its additive mask (attn_bias), if any
+ATTN_MASK_ARG = {
+    "aten._scaled_dot_product_cudnn_attention.default": 3,
+    "aten._scaled_dot_product_efficient_attention.default": 3,
+    "aten._scaled_dot_product_cudnn_attention_backward.default": 8,
+    "aten._scaled_dot_product_efficient_attention_backward.default": 4,
+}
+
+
+def _masked(c: OpCall) -> bool:
+    i = ATTN_MASK_ARG.get(c.op)
+    return i is not None and i < len(c.args) and isinstance(c.args[i], TensorSpec)
+
+
 def _attn_fwd_features(c: OpCall) -> Features:
     di, ci = ATTN_FWD_ARGS[c.op]
-    return _attn_common(c.arg_tensor(0), c.arg_tensor(1), _arg(c, di, 0.0), _arg(c, ci, False))
+    return {**_attn_common(c.arg_tensor(0), c.arg_tensor(1), _arg(c, di, 0.0), _arg(c, ci, False)),
+            "masked": _masked(c)}
 
 
 def _attn_bwd_features(c: OpCall) -> Features:
     qi, di, ci, _ = ATTN_BWD_ARGS[c.op]
-    return _attn_common(c.arg_tensor(qi), c.arg_tensor(qi + 1), _arg(c, di, 0.0), _arg(c, ci, False))
+    return {**_attn_common(c.arg_tensor(qi), c.arg_tensor(qi + 1), _arg(c, di, 0.0), _arg(c, ci, False)),
+            "masked": _masked(c)}
 
 
 def _arg(c: OpCall, i: int, default: Any) -> Any:
