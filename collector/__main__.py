@@ -36,6 +36,10 @@ def _collect(a: argparse.Namespace) -> int:
     for f in a.sigs or []:
         sp = signature_points(Path(f))
         points += sp
+    remeasure = bool(a.remeasure_ops)
+    if remeasure:  # only those operators, measured again over their old rows
+        ops = set(a.remeasure_ops.split(","))
+        points = [p for p in points if p.call.op in ops]
     if a.plan_only:
         print(json.dumps(summary(points), indent=1))
         return 0
@@ -52,7 +56,7 @@ def _collect(a: argparse.Namespace) -> int:
         left = None if a.budget_s is None else max(a.budget_s - (time.perf_counter() - t0), 0)
         try:
             res = run_campaign(pts, out, device, budget_s=left, progress=not a.quiet, timer=timer,
-                               retry_errors=a.retry_errors)
+                               retry_errors=a.retry_errors, remeasure=remeasure)
         except CampaignAbort as e:
             print(f"error: {e} (finished points are saved; rerun to continue)", file=sys.stderr)
             return 3
@@ -149,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--repeat-fraction", type=float, default=0.0)
     c.add_argument("--plan-only", action="store_true")
     c.add_argument("--retry-errors", action="store_true", help="measure again points whose row failed")
+    c.add_argument("--remeasure-ops", help="comma-separated aten ops: measure their points again, replacing "
+                   "the old rows (after a fix to how their inputs are made)")
     c.add_argument("--quiet", action="store_true")
     c.add_argument("--timer", choices=("measure", "closed-form"), default="measure",
                    help="closed-form: deterministic synthetic latencies from FLOPs and bytes (CPU tests only)")

@@ -127,11 +127,15 @@ def measure_point(p: Point, device: Device, timer: Timer | ClosedFormTimer, run:
 
 def run_campaign(points: list[Point], folder: Path, device: Device, *, budget_s: float | None = None,
                  run: int = 1, chunk_points: int = 400, chunk_s: float = 20.0, progress: bool = True,
-                 timer: Timer | ClosedFormTimer | None = None, retry_errors: bool = False) -> CampaignResult:
+                 timer: Timer | ClosedFormTimer | None = None, retry_errors: bool = False,
+                 remeasure: bool = False) -> CampaignResult:
+    """remeasure: measure every point again, its new row replacing the old one wherever that is (after a
+    fix to how an operator's inputs are made)."""
     prov = device.provenance()
     campaign = points[0].campaign if points else "empty"
-    store = ChunkedStore(folder, f"{campaign}-run{run}" if run > 1 else campaign, OPS_SCHEMA, prov)
-    done = store.done_keys(ok_only=retry_errors)  # a retried failure replaces its row, never adds one
+    store = ChunkedStore(folder, f"{campaign}-run{run}" if run > 1 else campaign, OPS_SCHEMA, prov,
+                         remeasure=remeasure)
+    done = set() if remeasure else store.done_keys(ok_only=retry_errors)  # a retried failure replaces its row
     todo = [p for p in points if (p.key, run) not in done]
     skipped = len(points) - len(todo)
     timer = timer or Timer(device.torch_device)

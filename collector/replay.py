@@ -27,9 +27,10 @@ def _attention_backward(call: OpCall, device: torch.device) -> Callable[[], Any]
         o = fwd(q, k, v, mask, True, dropout, causal, False, scale=scale)
         bargs = (grad_out, q, k, v, o[0], o[1], o[6], o[7], mask, o[2], o[3], o[4], o[5], dropout, causal)
     elif fwd_name.endswith("efficient_attention.default"):
-        o = fwd(q, k, v, None, True, dropout, causal, scale=scale)
-        mask = args[10]
-        bargs = (grad_out, q, k, v, None, o[0], o[1], o[2], o[3], dropout, mask, causal)
+        bias = args[4]  # the additive mask (sliding windows), or None
+        o = fwd(q, k, v, bias, True, dropout, causal, scale=scale)
+        grad_input_mask = args[10]
+        bargs = (grad_out, q, k, v, bias, o[0], o[1], o[2], o[3], dropout, grad_input_mask, causal)
     else:
         o = fwd(q, k, v, dropout, causal, False, scale=scale)
         bargs = (grad_out, q, k, v, o[0], o[1], o[2], o[3], o[4], o[5], dropout, causal, o[6], o[7])

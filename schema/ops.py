@@ -154,6 +154,30 @@ class Registry:
 
 REGISTRY = Registry()
 
+# Integer tensors that index another argument, for operators with no kind of their own (they fall into
+# the generic elementwise kind): filled uniformly over the indexed dimension, as routing and gathers
+# index in a real step. Without a bound an index would be 0 or 1, and an accumulating index_put would
+# pile every row onto two and serialise (measured 100x slow).
+INDEX_ARGS_BY_OP: dict[str, tuple[IndexArg, ...]] = {
+    "aten.index.Tensor": (IndexArg(1, 0, 0),),
+    "aten.index_put.default": (IndexArg(1, 0, 0),),
+    "aten.index_put_.default": (IndexArg(1, 0, 0),),
+    "aten._index_put_impl_.default": (IndexArg(1, 0, 0),),
+    "aten.index_select.default": (IndexArg(2, 0, 0),),
+    "aten.index_add.default": (IndexArg(2, 0, 0),),
+    "aten.index_add_.default": (IndexArg(2, 0, 0),),
+    "aten.scatter.src": (IndexArg(2, 0, -1),),
+    "aten.scatter_.src": (IndexArg(2, 0, -1),),
+    "aten.scatter_add.default": (IndexArg(2, 0, -1),),
+    "aten.scatter_add_.default": (IndexArg(2, 0, -1),),
+    "aten.gather.default": (IndexArg(2, 0, -1),),
+}
+
+
+def index_args_of(op: str) -> tuple[IndexArg, ...]:
+    kind = REGISTRY.for_op(op)
+    return kind.index_args or INDEX_ARGS_BY_OP.get(op, ())
+
 
 # ---------------------------------------------------------------------------------------------
 # Helpers over calls

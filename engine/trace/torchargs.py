@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tp_query.schema.ops import REGISTRY, IndexArg
+from tp_query.schema.ops import REGISTRY, IndexArg, index_args_of
 from tp_query.schema.precision import DTYPE_TO_TORCH_NAME, TORCH_NAME_TO_DTYPE, DType
 from tp_query.schema.signature import OpCall, Scalar, TensorSpec
 
@@ -111,8 +111,7 @@ def _bound(call: OpCall, ia: IndexArg) -> int:
 
 def materialize(call: OpCall, device: torch.device) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Random inputs with the call's shapes, dtypes, strides and offsets; valid indices where needed."""
-    kind = REGISTRY.for_op(call.op)
-    bounds = {ia.arg: _bound(call, ia) for ia in kind.index_args}
+    bounds = {ia.arg: _bound(call, ia) for ia in index_args_of(call.op)}
 
     def build(v: Any, high: int | None) -> Any:
         if isinstance(v, TensorSpec):
