@@ -17,7 +17,9 @@ def _attention_backward(call: OpCall, device: torch.device) -> Callable[[], Any]
     args, kwargs = materialize(call, device)
     qi, di, ci, fwd_name = ATTN_BWD_ARGS[call.op]
     grad_out, q, k, v = args[0], args[qi], args[qi + 1], args[qi + 2]
-    dropout, causal = args[di], args[ci]
+    # trailing defaults are left out of a signature (a masked call has is_causal=False)
+    dropout = args[di] if di < len(args) else 0.0
+    causal = args[ci] if ci < len(args) else False
     scale = kwargs.get("scale")
     bargs: tuple[Any, ...]
     fwd = resolve_op(fwd_name)
@@ -29,7 +31,7 @@ def _attention_backward(call: OpCall, device: torch.device) -> Callable[[], Any]
     elif fwd_name.endswith("efficient_attention.default"):
         bias = args[4]  # the additive mask (sliding windows), or None
         o = fwd(q, k, v, bias, True, dropout, causal, scale=scale)
-        grad_input_mask = args[10]
+        grad_input_mask = args[10] if len(args) > 10 else [True, True, True, bias is not None]
         bargs = (grad_out, q, k, v, bias, o[0], o[1], o[2], o[3], dropout, grad_input_mask, causal)
     else:
         o = fwd(q, k, v, dropout, causal, False, scale=scale)
