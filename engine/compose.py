@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from tp_query.schema.ops import CallInfo, describe
 from tp_query.schema.precision import DType
 from tp_query.schema.signature import OpCall, TensorSpec, call_key

@@ -811,9 +811,30 @@ class _Assemble:
                 "calibration": self.eng.calibration_source, "framework": par.framework,
                 "system": self.eng.system.name if self.eng.system else None,
                 "pp_schedule": par.pp_schedule,
+                "model_graph": self._model_graph(),
                 "framework_data": {"interference": self.interference().source,
                                    "host_costs": sorted({e.source for e in self.host_extras}) or ["none"],
                                    "per_op_host": "measured" if self.host_measured else "calibration"}}
+
+    def _model_graph(self) -> dict[str, Any]:
+        """Where the operator graph came from and what it assumes (families, layer types, MoE routing)."""
+        m = self.g.meta.model if self.g.meta.source == "config" else {}
+        if not m:
+            return {"source": self.g.meta.source}
+        out: dict[str, Any] = {
+            "family": m.get("family"),
+            "builder": "transformers' own modules (SDPA)" if m.get("builder") == "hf"
+            else ("Megatron-Core local spec" if self.par.framework == "megatron" else "op-for-op copy of transformers"),
+        }
+        types = m.get("layer_types") or []
+        if types:
+            out["layer_types"] = {t: types.count(t) for t in dict.fromkeys(types)}
+            out["sliding_window"] = m.get("sliding_window")
+        if m.get("num_experts"):
+            e, k = int(m["num_experts"]), int(m["experts_per_token"])
+            out["moe_routing"] = (f"balanced: each of {e} experts receives tokens x {k} / {e} rows (grouped GEMMs "
+                                  "timed with equal groups; a skewed router is not modelled)")
+        return out
 
     def _op_rows(self, rows: dict[tuple[str, str], list[Any]]) -> list[OpRow]:
         out = []

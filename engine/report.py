@@ -47,6 +47,15 @@ def prediction_table(p: Prediction) -> str:
     if len(p.stages) > 1:
         lines.append("stages: " + "; ".join(f"#{s['stage']} {s['layers']} layers {s['fwd_ms'] + s['bwd_ms']:.1f} ms/mb "
                                             f"{s['peak_memory_gib']:.1f} GiB" for s in p.stages))
+    mg = c.get("model_graph") or {}
+    if mg.get("family"):
+        parts = [f"{mg['family']} via {mg['builder']}"]
+        if mg.get("layer_types"):
+            parts.append(", ".join(f"{n} {t.replace('_attention', '')}" for t, n in mg["layer_types"].items())
+                         + f" layers (window {mg.get('sliding_window')})")
+        if mg.get("moe_routing"):
+            parts.append(f"MoE routing {mg['moe_routing']}")
+        lines.append("model graph: " + "; ".join(parts))
     for w in p.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
@@ -56,7 +65,7 @@ def ops_table(rows: list[OpRow], p: Prediction) -> str:
     head = f"{'phase':<5} {'operator':<52} {'prec':<5} {'count':>6} {'each us':>10} {'total ms':>10} {'source':<13} shapes"
     out = [head, "-" * len(head)]
     for r in rows:
-        out.append(f"{r.phase:<5} {r.op[:52]:<52} {r.precision:<5} {r.count:>6} {r.latency_us:>10.1f} "
+        out.append(f"{r.phase:<5} {r.op[:52]:<52} {r.precision:<5} {r.count:>6.4g} {r.latency_us:>10.1f} "
                    f"{r.total_ms:>10.3f} {r.source:<13} {r.shapes}")
     out.append(f"({len(rows)} rows; iteration {p.iteration_ms:.2f} ms)")
     return "\n".join(out)

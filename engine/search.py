@@ -97,10 +97,9 @@ def invalid_reason(spec: ModelSpec, cand: Candidate, space: SearchSpace) -> str:
     c = cand.parallel
     if c.tp > space.max_tp:
         return f"TP={c.tp} exceeds one host ({space.max_tp} GPUs)"
-    for what, n in (("heads", spec.num_heads), ("KV heads", spec.num_kv_heads), ("FFN", spec.intermediate_size),
-                    ("vocab", spec.vocab_size)):
-        if n % c.tp:
-            return f"TP={c.tp} does not divide {what} ({n})"
+    why = spec.split_refusal(c.tp, c.sequence_parallel)
+    if why:
+        return why
     if c.pp > spec.num_layers:
         return f"PP={c.pp} > {spec.num_layers} layers"
     if c.sequence_parallel and (c.tp == 1 or space.seq_len % c.tp):

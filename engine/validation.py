@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tp_query.schema.model_config import ConfigError, parse_config
 from tp_query.schema.precision import Setting
 
 from .hostsim import HostModel
@@ -52,6 +53,7 @@ class CaseResult:
     kind: str = ""  # distributed runs: ddp, fsdp_z3, tp, pp_1f1b, mcore_dp, ...
     shape_split: str = ""  # distributed runs: calibration (shapes shared with calibration) | holdout
     host_ms: float | None = None  # distributed runs: the slowest rank's host issue time of a step
+    family: str = ""  # the spec registry's family of the config that ran
 
     @property
     def ape(self) -> float | None:
@@ -124,6 +126,10 @@ class Study:
                            measured_peak_gib=(r["peak_allocated_bytes"] or 0) / 2**30 or None,
                            kernel_ms=r.get("kernel_ms"),
                            kernel_breakdown=_breakdown(r.get("kernel_breakdown_json")))
+            try:
+                c.family = parse_config(shard_cfg).family.value
+            except ConfigError:
+                c.family = ""
             accum = int(r.get("accum") or 1)
             dp, tp, pp = int(r.get("dp") or 1), int(r.get("tp") or 1), int(r.get("pp") or 1)
             extra: dict[str, Any] = {}
@@ -348,6 +354,30 @@ def dist_markdown(cases: list[CaseResult]) -> list[str]:
     return L
 
 
+def family_markdown(cases: list[CaseResult]) -> list[str]:
+    """One-GPU errors per family of the spec registry (time and peak memory)."""
+    def pct(x: float) -> str:
+        return "n/a" if x != x else f"{100 * x:.1f}%"
+
+    one = [c for c in cases if c.split in ("calibration", "holdout") and c.family]
+    fams = sorted({c.family for c in one})
+    if not fams:
+        return []
+    L = ["", "## Per model family (one GPU)", "",
+         "Families built from transformers' own modules (everything but llama and gpt2) are held out of every "
+         "fitted constant, and their operator calls were profiled at other sequence lengths than the cases "
+         "(data/h200/campaigns/families.jsonl: half and twice each case's), so their shapes are interpolated. "
+         "MoE cases assume balanced routing (random-weight routers are close to it).", "",
+         "| family | cases | settings | MAPE | max APE | memory max error |", "|---|---|---|---|---|---|"]
+    for f in fams:
+        sel = [c for c in one if c.family == f]
+        m, mx, n = _mape(sel)
+        mem = [abs(c.mem_error) for c in sel if c.mem_error is not None]
+        settings = ", ".join(sorted({c.setting for c in sel}))
+        L.append(f"| {f} | {n} | {settings} | {pct(m)} | {pct(mx)} | {pct(max(mem)) if mem else 'n/a'} |")
+    return L
+
+
 def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, Any], plot_file: str,
                     provenance: dict[str, Any]) -> str:
     def pct(x: float) -> str:
@@ -381,6 +411,7 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
         row = [f"{pct(summ[sp]['per_setting'][st.value]['mape'])} (n={summ[sp]['per_setting'][st.value]['n']})"
                for sp in ("calibration", "holdout", "all")]
         L.append(f"| {st.value} | " + " | ".join(row) + " |")
+    L += family_markdown(cases)
     dist_cases = [c for c in cases if c.split == "distributed"]
     if dist_cases:
         L += dist_markdown(dist_cases)

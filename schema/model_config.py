@@ -126,6 +126,24 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    def split_refusal(self, tp: int, sequence_parallel: bool) -> str:
+        """Why this model cannot run under tensor parallelism `tp` (with SP), or "" when it can."""
+        if tp <= 1:
+            return ""
+        for what, n in (("attention heads", self.num_heads), ("KV heads", self.num_kv_heads),
+                        ("FFN size", self.intermediate_size), ("vocab size", self.vocab_size),
+                        ("expert FFN size", self.moe_intermediate_size),
+                        ("shared expert FFN size", self.shared_expert_intermediate_size)):
+            if n and n % tp:
+                hint = " (pad vocab_size to a multiple of TP, as Megatron-LM does)" if what == "vocab size" else ""
+                return f"TP={tp} does not divide the {what} ({n}){hint}"
+        if self.family == ArchFamily.GPT_NEOX:
+            return ("TP>1 is not modelled for GPT-NeoX (its attention derives the head size from hidden_size / "
+                    "heads, so a per-rank module cannot be built from a divided config)")
+        if sequence_parallel and self.builder == Builder.HF and self.layer_types:
+            return f"sequence parallelism with {self.family}'s sliding-window layers is not modelled"
+        return ""
+
     def layer_type(self, i: int) -> str:
         return self.layer_types[i] if self.layer_types else FULL
 

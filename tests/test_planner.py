@@ -33,7 +33,7 @@ def test_search_ranks_valid_configurations(cpu_db: Path) -> None:
     labels = {o.candidate.label() for o in res.ranked}
     assert any("TP2" in s for s in labels) and any("DP4" in s for s in labels)
     # tiny llama has 4 heads and 2 KV heads: TP=4 divides heads but not KV heads
-    assert any("does not divide KV heads" in o.reason for o in res.rejected)
+    assert any("does not divide the KV heads" in o.reason for o in res.rejected)
     best = res.ranked[0]
     assert best.job_hours == pytest.approx(1e6 / best.tokens_per_s / 3600)
     assert best.cost == pytest.approx(best.job_hours * 4 * 2.0)

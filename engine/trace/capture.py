@@ -23,8 +23,16 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from tp_query.engine.graph import (Graph, GraphMeta, MemoryProfile, OpRecord, ParamRecord, Phase, Section,
-                                  layer_templates)
+from tp_query.engine.graph import (
+    Graph,
+    GraphMeta,
+    MemoryProfile,
+    OpRecord,
+    ParamRecord,
+    Phase,
+    Section,
+    layer_templates,
+)
 from tp_query.schema.model_config import ModelSpec
 from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
@@ -378,24 +386,13 @@ def _validate(req: TraceRequest) -> None:
         if req.framework == "megatron":
             raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family configs, "
                              f"not {s.family.value}")
-        if req.sequence_parallel and req.tp > 1 and s.layer_types:
-            raise TraceError(f"sequence parallelism with {s.family.value}'s sliding-window layers is not modelled")
-        for what, n in (("expert FFN size", s.moe_intermediate_size),
-                        ("shared expert FFN size", s.shared_expert_intermediate_size)):
-            if n and n % req.tp:
-                raise TraceError(f"TP={req.tp} does not divide the {what} ({n})")
-        if req.tp > 1 and s.family.value == "gpt_neox":
-            raise TraceError("TP>1 is not modelled for GPT-NeoX (its attention derives the head size from "
-                             "hidden_size / heads, so a per-rank module cannot be built from a divided config)")
     if req.micro_batch <= 0 or req.seq_len <= 0:
         raise TraceError("micro-batch and sequence length must be positive")
     if req.tp <= 0:
         raise TraceError("TP must be positive")
-    for what, n in (("attention heads", s.num_heads), ("KV heads", s.num_kv_heads),
-                    ("FFN size", s.intermediate_size), ("vocab size", s.vocab_size)):
-        if n % req.tp:
-            hint = " (pad vocab_size to a multiple of TP, as Megatron-LM does)" if what == "vocab size" else ""
-            raise TraceError(f"TP={req.tp} does not divide the {what} ({n}){hint}")
+    why = s.split_refusal(req.tp, req.sequence_parallel)
+    if why:
+        raise TraceError(why)
     if req.sequence_parallel and req.seq_len % req.tp:
         raise TraceError(f"sequence parallelism needs seq-len ({req.seq_len}) divisible by TP={req.tp}")
     if req.seq_len > s.max_position_embeddings and s.family.value == "gpt2":

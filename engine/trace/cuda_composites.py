@@ -12,6 +12,7 @@ generation: `POLICY_ID` is stored with every graph, and the GPU probe checks the
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -127,7 +128,7 @@ def _allow_grouped_mm_any_float() -> None:
     if getattr(orig, "_tp_query", False):
         return
 
-    def common(mat_a: torch.Tensor, mat_b: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    def common(mat_a: torch.Tensor, mat_b: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         scale_a = kwargs.get("scale_a", args[0] if args else None)
         if (scale_a is None and mat_a.dtype == mat_b.dtype and mat_a.dtype in (torch.float32, torch.float16)):
             offs = kwargs.get("offs", args[2] if len(args) > 2 else None)

@@ -17,7 +17,7 @@ tests/test_trace_families.py checks the TP=1 graphs against transformers' own Ca
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -37,7 +37,7 @@ class UnsupportedSplit(ValueError):
 
 
 def _attn_attr(layer: nn.Module) -> nn.Module:
-    return layer.self_attn if hasattr(layer, "self_attn") else layer.attention
+    return cast(nn.Module, layer.self_attn if hasattr(layer, "self_attn") else layer.attention)
 
 
 def _patch_packed_check() -> None:
@@ -114,7 +114,8 @@ class HFCausalLM(nn.Module):
     # -- sections the capture hooks onto --------------------------------------------------------
     def section_modules(self) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
         """(module that opens the embed section, layers, module that opens the head section)."""
-        return self.embed.embed_tokens, self.layers, self.head.norm
+        return (cast(nn.Module, self.embed.embed_tokens), cast(nn.ModuleList, self.layers),
+                cast(nn.Module, self.head.norm))
 
     # -- tensor parallelism -----------------------------------------------------------------------
     def _install_tp_hooks(self) -> None:
@@ -137,7 +138,7 @@ class HFCausalLM(nn.Module):
                 self._hooks.append(block.register_forward_pre_hook(enter_pre, with_kwargs=True))
                 self._hooks.append(block.register_forward_hook(leave_post))
 
-        emb = self.embed.embed_tokens
+        emb = cast(nn.Embedding, self.embed.embed_tokens)
         vocab = emb.num_embeddings
         state: dict[str, torch.Tensor] = {}
 
@@ -165,10 +166,11 @@ class HFCausalLM(nn.Module):
             kw["position_ids"] = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         hidden_states = self.base(input_ids=input_ids, use_cache=False, **kw).last_hidden_state
         hidden_states = self.region.enter(hidden_states)
-        logits = self.head.lm_head(hidden_states[:, slice(0, None), :])
+        lm_head = cast(nn.Linear, self.head.lm_head)
+        logits = lm_head(hidden_states[:, slice(0, None), :])
         if self.final_softcap is not None:
             logits = logits / self.final_softcap
             logits = torch.tanh(logits)
             logits = logits * self.final_softcap
-        vocab = self.head.lm_head.out_features
+        vocab = lm_head.out_features
         return causal_lm_loss(logits, labels, vocab, self.shard)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tp_query.schema.ops import REGISTRY, IndexArg, index_args_of
+from tp_query.schema.ops import IndexArg, index_args_of
 from tp_query.schema.precision import DTYPE_TO_TORCH_NAME, TORCH_NAME_TO_DTYPE, DType
 from tp_query.schema.signature import OpCall, Scalar, TensorSpec
 
