@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tp_query.engine.trace.torchargs import encode_call, torch_dtype
-from tp_query.schema.precision import SETTINGS, Setting
+from tp_query.schema.precision import SETTINGS, Setting, fp8_linear_filter
 from tp_query.schema.tables import OPLOG_SCHEMA, VALIDATION_SCHEMA
 
 from .device import Device
@@ -35,7 +35,7 @@ from .store import ChunkedStore, write_table
 from .timing import quantile
 
 # the one-GPU campaign: the six plain-PyTorch settings (fp32 master weights need FSDP2 or Megatron-Core)
-ALL_SETTINGS = [s.value for s in Setting if not SETTINGS[s].master_weights]
+ALL_SETTINGS = [s.value for s in Setting if not SETTINGS[s].master_weights and not SETTINGS[s].fp8_recipe]
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,24 @@ FAMILY_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
 FAMILY_SETTINGS = ("amp_bf16", "bf16", "tf32")
 
 
+# torchao float8 training (eager), two families, both recipes; its operator calls profiled at other sequences
+FP8_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
+    "llama3-8b": (LLAMA3_8B, 4, 1, 4096),
+    "qwen3-8b": (QWEN3_8B, 4, 1, 4096),
+    "mistral-7b": (MISTRAL_7B, 4, 2, 2048),
+}
+FP8_SETTINGS = ("fp8_tensorwise", "fp8_rowwise")
+
+
+def fp8_cases() -> list[Case]:
+    out = []
+    for name, (cfg, layers, mb, seq) in FP8_CASES.items():
+        model = f"{name}-L{layers}"
+        for s in FP8_SETTINGS:
+            out.append(Case(f"{model}-mb{mb}-s{seq}-{s}", model, layers_of(cfg, layers), s, mb, seq, "holdout"))
+    return out
+
+
 def family_cases() -> list[Case]:
     out = []
     for name, (cfg, layers, mb, seq) in FAMILY_CASES.items():
@@ -218,10 +236,19 @@ def default_cases() -> list[Case]:
     # does not fit: full LLaMA-3-8B under AMP (16 bytes/parameter of state) and a 70B slice too deep
     add("llama3-8b-full", LLAMA3_8B, 1, 4096, "holdout", settings=["amp_bf16", "bf16"])
     add("llama3-70b-L12", layers_of(LLAMA3_70B, 12), 1, 4096, "holdout", settings=["amp_bf16"])
-    return cases + family_cases()
+    return cases + family_cases() + fp8_cases()
 
 
 # ---------------------------------------------------------------------------------------------
+
+def convert_fp8_linears(model: torch.nn.Module, recipe: str) -> None:
+    """torchao float8 training (eager) on the Linear layers `fp8_linear_filter` selects (not the LM head)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear)
+                               and fp8_linear_filter(fqn, m.in_features, m.out_features))
+
 
 def _hf_model(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -430,6 +457,8 @@ def run_case(case: Case, device: Device, *, min_iters: int = 6, max_iters: int =
     model = opt = scaler = step = None
     try:
         model = _hf_model(case.config, torch_dtype(st.param_dtype), dev)
+        if st.fp8_recipe:
+            convert_fp8_linears(model, st.fp8_recipe)
         opt = make_optimizer(case.optimizer, model)
         scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
         vocab = int(case.config["vocab_size"])

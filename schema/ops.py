@@ -380,6 +380,24 @@ def _addmm_grid(p: Precision) -> Iterable[OpCall]:
 
 REGISTRY.register(OpKind("mm", ("aten.mm.default",), Family.GEMM, _mm_features, _gemm_flops, _gemm_bytes,
                          tf32_sensitive=True, grid=_mm_grid))
+def _scaled_mm_features(c: OpCall) -> Features:
+    """torch._scaled_mm(a fp8 row-major, b fp8 column-major, scale_a, scale_b): tensorwise scales are
+    scalars, rowwise ones a scale per row of a and per column of b (a different kernel)."""
+    a, b = c.arg_tensor(0), c.arg_tensor(1)
+    scale = c.args[2] if len(c.args) > 2 and isinstance(c.args[2], TensorSpec) else None
+    rowwise = scale is not None and scale.numel > 1
+    return {"batch": 1, "m": a.shape[0], "k": a.shape[1], "n": b.shape[1],
+            "layout": f"{_layout(a, b)}:{'rowwise' if rowwise else 'tensorwise'}"}
+
+
+def _scaled_mm_bytes(c: OpCall, f: Features) -> float:
+    out = c.kwarg("out_dtype")
+    out_size = 2 if out is not None else 1
+    return float(f["m"] * f["k"] + f["k"] * f["n"] + f["m"] * f["n"] * out_size)
+
+
+REGISTRY.register(OpKind("scaled_mm", ("aten._scaled_mm.default",), Family.GEMM, _scaled_mm_features, _gemm_flops,
+                         _scaled_mm_bytes, primary=0, notes="fp8 GEMM (torchao float8 training)"))
 REGISTRY.register(OpKind("addmm", ("aten.addmm.default",), Family.GEMM, _addmm_features, _gemm_flops,
                          _gemm_bytes, tf32_sensitive=True, grid=_addmm_grid))
 REGISTRY.register(OpKind("bmm", ("aten.bmm.default",), Family.GEMM, _bmm_features, _gemm_flops, _gemm_bytes,

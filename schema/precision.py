@@ -76,6 +76,10 @@ class Setting(StrEnum):
     # reduction: Megatron's --bf16/--fp16, FSDP2's MixedPrecisionPolicy(param_dtype=half, reduce_dtype=fp32).
     MP_FP16 = "mp_fp16"
     MP_BF16 = "mp_bf16"
+    # torchao float8 training (eager) on the Linear layers of a bf16 model: scaled fp8 GEMMs, with the
+    # casts, amax and scale computation around each; tensorwise or rowwise scaling.
+    FP8_TENSORWISE = "fp8_tensorwise"
+    FP8_ROWWISE = "fp8_rowwise"
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class SettingSpec:
     allow_tf32: bool
     grad_scaler: bool
     master_weights: bool = False  # an fp32 copy of every parameter lives in the optimizer
+    fp8_recipe: str | None = None  # torchao Float8LinearConfig recipe name
 
 
 SETTINGS: dict[Setting, SettingSpec] = {
@@ -98,7 +103,15 @@ SETTINGS: dict[Setting, SettingSpec] = {
     Setting.AMP_BF16: SettingSpec(DType.FP32, DType.BF16, False, False),
     Setting.MP_FP16: SettingSpec(DType.FP16, None, False, True, master_weights=True),
     Setting.MP_BF16: SettingSpec(DType.BF16, None, False, False, master_weights=True),
+    Setting.FP8_TENSORWISE: SettingSpec(DType.BF16, None, False, False, fp8_recipe="tensorwise"),
+    Setting.FP8_ROWWISE: SettingSpec(DType.BF16, None, False, False, fp8_recipe="rowwise"),
 }
+
+
+def fp8_linear_filter(fqn: str, in_features: int, out_features: int) -> bool:
+    """Which Linear layers the fp8 settings convert, as torchao's README and torchtitan do: every one
+    whose dimensions are multiples of 16 (the fp8 GEMM's alignment), except the LM head."""
+    return not fqn.endswith("lm_head") and in_features % 16 == 0 and out_features % 16 == 0
 
 
 def op_precision(float_dtypes: list[DType], tf32_sensitive: bool, allow_tf32: bool) -> Precision:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from tp_query.engine.graph import (
@@ -34,7 +34,7 @@ from tp_query.engine.graph import (
     layer_templates,
 )
 from tp_query.schema.model_config import ModelSpec
-from tp_query.schema.precision import SETTINGS, Setting
+from tp_query.schema.precision import SETTINGS, Setting, fp8_linear_filter
 from tp_query.schema.signature import OpCall, TensorSpec
 
 from . import autocast_cuda
@@ -179,12 +179,30 @@ CUDA_OUTPUT_FIXUPS: dict[str, Callable[[tuple[Any, ...], Any], Any]] = {
 }
 
 
+_PLAIN_TYPES = (torch.Tensor, FakeTensor, torch.nn.Parameter)
+
+
+def convert_fp8(model: torch.nn.Module, recipe: str) -> None:
+    """torchao float8 training on the model's Linear layers (`fp8_linear_filter`), as users convert."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        raise TraceError("the fp8 settings trace torchao's float8 training: pip install torchao==0.18.0") from None
+    cfg = Float8LinearConfig.from_recipe_name(recipe)
+    convert_to_float8_training(model, config=cfg, module_filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear)
+                               and fp8_linear_filter(fqn, m.in_features, m.out_features))
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self, cap: _Capture | None) -> None:
         super().__init__()
         self.cap = cap
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if any(t not in _PLAIN_TYPES for t in types):
+            # a tensor subclass (torchao's float8 tensors): let it decompose; its inner calls on plain
+            # tensors come back through this mode and are what the GPU runs
+            return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         fix = CUDA_OUTPUT_FIXUPS.get(str(func))
@@ -375,6 +393,9 @@ def _validate(req: TraceRequest) -> None:
     s = req.spec
     if req.framework not in ("torch", "megatron"):
         raise TraceError(f"unknown framework {req.framework!r}: torch or megatron")
+    if req.framework == "megatron" and SETTINGS[req.setting].fp8_recipe:
+        raise TraceError("the fp8 settings model torchao float8 training on PyTorch; Megatron-Core's FP8 needs "
+                         "Transformer Engine, which is not modelled")
     if req.framework == "megatron":
         if s.family.value != "llama":  # pragma: no cover - the hf builder check above comes first
             raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family configs, "
@@ -456,6 +477,8 @@ def trace_config(req: TraceRequest) -> Graph:
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     with FakeTensorMode(allow_non_fake_inputs=False):
         model = _construct(lambda: build_model(spec_t, shard, req.framework), torch_dtype(st.param_dtype))
+        if st.fp8_recipe:
+            convert_fp8(model, st.fp8_recipe)
         params = [p for p in model.parameters()]
         opt: Any
         if req.framework == "megatron":
