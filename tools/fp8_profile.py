@@ -1,0 +1,47 @@
+"""Where an eager torchao float8 step spends its time on the GPU: kernel busy time (union of kernel
+intervals) against the iteration, and the top kernels, for bf16 and fp8 on the same model."""
+import functools
+import sys
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from tp_query.collector.validate import (LLAMA3_8B, _hf_model, _iteration, convert_fp8_linears, layers_of,
+                                         make_optimizer)
+
+for setting in sys.argv[1:] or ["bf16", "fp8_tensorwise"]:
+    model = _hf_model(layers_of(LLAMA3_8B, 4), torch.bfloat16, torch.device("cuda"))
+    if setting.startswith("fp8"):
+        convert_fp8_linears(model, setting.split("_")[1])
+    opt = make_optimizer("adamw", model)
+    ids = torch.randint(0, 128256, (1, 4096), device="cuda")
+    step = functools.partial(_iteration, model, opt, None, ids, None)
+    for _ in range(4):
+        step()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record(); step(); e1.record(); torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        step()
+        torch.cuda.synchronize()
+    iv, by, n = [], defaultdict(float), defaultdict(int)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            iv.append((ev.time_range.start, ev.time_range.end))
+            by[ev.name[:70]] += (ev.time_range.end - ev.time_range.start) / 1000
+            n[ev.name[:70]] += 1
+    iv.sort()
+    busy, cur_s, cur_e = 0.0, *iv[0]
+    for s, e in iv[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    print(f"{setting}: iteration {e0.elapsed_time(e1):.1f} ms, kernels {len(iv)}, busy {busy / 1000:.1f} ms, "
+          f"span {(iv[-1][1] - iv[0][0]) / 1000:.1f} ms")
+    for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"   {v:7.2f} ms {n[k]:5d}x {k}")
+    del model, opt, step
+    torch.cuda.empty_cache()
