@@ -103,3 +103,28 @@ def test_refusals_say_why(cfg: dict, msg: str) -> None:
 def test_registry_families() -> None:
     fams = {parse_config(c).family for c in TINY_FAMILIES.values()}
     assert fams == set(ArchFamily) - {ArchFamily.LLAMA, ArchFamily.GPT2}
+
+
+def test_fp8_settings_trace_torchao_float8() -> None:
+    """torchao float8 training: every Linear whose dimensions are multiples of 16 runs three scaled fp8
+    GEMMs (output, input gradient, weight gradient) with casts and amax around them; the LM head stays
+    a bf16 GEMM; parameters stay bf16."""
+    pytest.importorskip("torchao")
+    from tp_query.schema.ops import describe
+    from tp_query.schema.precision import Precision
+
+    from .conftest import TINY_LLAMA
+
+    spec = parse_config({**TINY_LLAMA, "intermediate_size": 384})
+    bf16 = trace_config(TraceRequest(spec, Setting.BF16, 1, 64))
+    for setting in (Setting.FP8_TENSORWISE, Setting.FP8_ROWWISE):
+        g = trace_config(TraceRequest(spec, setting, 1, 64))
+        scaled = [o for o in g.ops if o.op == "aten._scaled_mm.default"]
+        linears = 7 * g.meta.traced_layers  # q, k, v, o, gate, up, down
+        assert len(scaled) == 3 * linears
+        info = describe(OpCall.from_json_str(scaled[0].op, scaled[0].sig), False)
+        assert info.precision == Precision.FP8 and info.features["layout"].endswith(setting.value.split("_")[1])
+        head_mm = [o for o in g.ops if o.op == "aten.mm.default" and o.section.value == "head"]
+        assert head_mm  # the LM head is not converted
+        assert [p.dtype for p in g.params] == [p.dtype for p in bf16.params]
+        assert len(g.ops) > len(bf16.ops)
