@@ -24,7 +24,7 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     cfg = layers_of(LLAMA3_8B, 4)
     for arg in sys.argv[1:]:
         setting, split, distopt = arg.split(":")
