@@ -78,7 +78,9 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     acts = int(in_flight * act_mb)
     if par.pp > 1 and stage.last and pipelining_retained_outputs(par.framework):
         acts += m * _logits_bytes(graph, par)  # kept in the stage's output chunks until the step ends
-    grads_live = g if m > 1 else 0  # later micro-batches run with the gradients of earlier ones
+    # Later micro-batches run with the gradients of earlier ones; Megatron-Core's DDP holds every gradient
+    # in one contiguous buffer (main_grad) allocated when it wraps the model, live through the whole step.
+    grads_live = g if (m > 1 or par.framework == "megatron") else 0
     head = mp.head_peak_bytes if stage.last else 0
     start_bwd = w + o + grads_live + acts + unsharded + max(head, mp.layer_bwd_transient_bytes if stage.layers else 0)
     share = stage.param_numel / traced_numel

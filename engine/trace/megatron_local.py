@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from tp_query.schema.model_config import ArchFamily, ModelSpec
 
-from .models import CausalLM, Shard, TPRegion, _ReduceFromTP, _ScatterSP, _VocabParallelCE
+from .models import CausalLM, Shard, TPRegion, _ReduceFromTP, _ScatterSP, emit_comm
 
 
 class MegatronRMSNorm(nn.Module):
@@ -156,6 +156,51 @@ class MegatronEmbed(nn.Module):
         return out, (emb, mask)
 
 
+class _MegatronVocabParallelCE(torch.autograd.Function):
+    """megatron/core/tensor_parallel/cross_entropy.py (0.19) as it runs: the fp32 copy of the logits is
+    made inside, then shifted, exponentiated and normalised in place (one logits-sized fp32 buffer,
+    saved as the softmax for backward); the TP all-reduces of the max, the predicted logit and the sum."""
+
+    @staticmethod
+    def forward(ctx: Any, vocab_parallel_logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        vocab_parallel_logits = vocab_parallel_logits.float()
+        logits_max = torch.max(vocab_parallel_logits, dim=-1)[0]
+        emit_comm("all_reduce", logits_max)
+        vocab_parallel_logits -= logits_max.unsqueeze(dim=-1)
+        vocab = vocab_parallel_logits.size()[-1]
+        target_mask = (target < 0) | (target >= vocab)
+        masked_target = target.clone() - 0
+        masked_target[target_mask] = 0
+        logits_2d = vocab_parallel_logits.view(-1, vocab)
+        masked_target_1d = masked_target.view(-1)
+        arange_1d = torch.arange(start=0, end=logits_2d.size()[0], device=logits_2d.device)
+        predicted_logits_1d = logits_2d[arange_1d, masked_target_1d]
+        predicted_logits_1d = predicted_logits_1d.clone().contiguous()
+        predicted_logits = predicted_logits_1d.view_as(target)
+        predicted_logits[target_mask] = 0.0
+        exp_logits = vocab_parallel_logits
+        torch.exp(vocab_parallel_logits, out=exp_logits)
+        sum_exp_logits = exp_logits.sum(dim=-1)
+        emit_comm("all_reduce", predicted_logits)
+        emit_comm("all_reduce", sum_exp_logits)
+        loss = torch.log(sum_exp_logits) - predicted_logits
+        exp_logits.div_(sum_exp_logits.unsqueeze(dim=-1))
+        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        softmax, target_mask, masked_target_1d = ctx.saved_tensors
+        grad_input = softmax
+        vocab = softmax.size()[-1]
+        grad_2d = grad_input.view(-1, vocab)
+        arange_1d = torch.arange(start=0, end=grad_2d.size()[0], device=grad_2d.device)
+        softmax_update = 1.0 - target_mask.view(-1).float()
+        grad_2d[arange_1d, masked_target_1d] -= softmax_update
+        grad_input.mul_(grad_output.unsqueeze(dim=-1))
+        return grad_input, None
+
+
 class MegatronHead(nn.Module):
     """Final norm, output layer (column-parallel), vocab-parallel cross-entropy on fp32 logits, token mean."""
 
@@ -171,7 +216,7 @@ class MegatronHead(nn.Module):
     def forward(self, hidden_states: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         x = self.region.enter(self.norm(hidden_states))
         logits = self.lm_head(x)  # [s, b, v / tp]
-        losses = _VocabParallelCE.apply(logits.float(), labels.transpose(0, 1).contiguous())
+        losses = _MegatronVocabParallelCE.apply(logits, labels.transpose(0, 1).contiguous())
         losses = losses.transpose(0, 1).contiguous().float()
         return torch.sum(losses.view(-1)) / losses.numel()
 
