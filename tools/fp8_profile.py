@@ -6,8 +6,14 @@ from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from tp_query.collector.validate import (LLAMA3_8B, _hf_model, _iteration, convert_fp8_linears, layers_of,
-                                         make_optimizer)
+from tp_query.collector.validate import (
+    LLAMA3_8B,
+    _hf_model,
+    _iteration,
+    convert_fp8_linears,
+    layers_of,
+    make_optimizer,
+)
 
 for setting in sys.argv[1:] or ["bf16", "fp8_tensorwise"]:
     model = _hf_model(layers_of(LLAMA3_8B, 4), torch.bfloat16, torch.device("cuda"))
@@ -20,7 +26,10 @@ for setting in sys.argv[1:] or ["bf16", "fp8_tensorwise"]:
         step()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record(); step(); e1.record(); torch.cuda.synchronize()
+    e0.record()
+    step()
+    e1.record()
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         step()
         torch.cuda.synchronize()

@@ -43,7 +43,7 @@ def main() -> None:
         orig = opt.step
         marks = {}
 
-        def wrapped():
+        def wrapped(marks=marks, base=base, orig=orig):
             torch.cuda.synchronize()
             marks["fb_peak"] = torch.cuda.max_memory_allocated(dev) - base
             marks["after_fb"] = torch.cuda.memory_allocated(dev) - base
