@@ -78,6 +78,10 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     acts = int(in_flight * act_mb)
     if par.pp > 1 and stage.last and pipelining_retained_outputs(par.framework):
         acts += m * _logits_bytes(graph, par)  # kept in the stage's output chunks until the step ends
+    if stage.last and graph.meta.traced_layers and sched == PipeSchedule.GPIPE and in_flight > 1:
+        # GPipe runs every forward before the last stage's first backward: each micro-batch's loss activations
+        # (the fp32 log-softmax) stay too, as measured on 2 x H200; the current one is in the head transient
+        acts += int((in_flight - 1) * _head_kept_bytes(mp, graph))
     # Later micro-batches run with the gradients of earlier ones; Megatron-Core's DDP holds every gradient
     # in one contiguous buffer (main_grad) allocated when it wraps the model, live through the whole step.
     grads_live = g if (m > 1 or par.framework == "megatron") else 0
@@ -104,6 +108,12 @@ def _megatron_attention_buffer(graph: Graph, par: ParallelConfig) -> int:
     heads = int(graph.meta.model.get("num_heads", 0)) // max(par.tp, 1)
     s = graph.meta.seq_len
     return graph.meta.micro_batch * heads * s * s * st.param_dtype.itemsize
+
+
+def _head_kept_bytes(mp: MemoryProfile, graph: Graph) -> int:
+    """What one micro-batch's head keeps for backward: live bytes at the end of forward beyond the
+    embedding's and the traced layers' kept activations."""
+    return max(mp.fwd_end_bytes - mp.embed_act_bytes - graph.meta.traced_layers * mp.layer_act_bytes, 0)
 
 
 def _logits_bytes(graph: Graph, par: ParallelConfig) -> int:

@@ -442,14 +442,56 @@ class _VocabParallelCE(torch.autograd.Function):
         return grad_input, None
 
 
+class _LossParallelCE(torch.autograd.Function):
+    """F.cross_entropy on vocab-sharded DTensor logits under `loss_parallel()` as PyTorch runs it
+    (torch/distributed/tensor/parallel/loss.py): a sharded log-softmax (amax and sum-exp all-reduced) whose
+    fp32 output is saved, a masked gather all-reduced for the NLL; backward builds the one-hot gradient in
+    a zeroed fp32 buffer and returns (grad + exp(log_softmax)) * grad_output."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = x.to(dtype=torch.float32, memory_format=torch.contiguous_format)
+        x_max = torch.amax(x, -1, keepdim=True)
+        emit_comm("all_reduce", x_max)
+        shifted = x - x_max
+        shifted_sumexp = torch.sum(torch.exp(shifted), -1, keepdim=True)
+        emit_comm("all_reduce", shifted_sumexp)
+        result = shifted - torch.log(shifted_sumexp)
+        vocab = result.shape[-1]
+        ignore_mask = target != -100
+        safe_target = torch.where(ignore_mask, target, 0)
+        mask = (safe_target < 0) | (safe_target >= vocab)  # _MaskPartial: ids of other shards
+        masked = (safe_target - 0).masked_fill(mask, 0).unsqueeze(-1)
+        picked = torch.gather(result, -1, masked).masked_fill(mask.unsqueeze(-1), 0.0)
+        emit_comm("all_reduce", picked)
+        loss = torch.where(ignore_mask, -picked.squeeze(-1), 0)
+        total_weight = ignore_mask.sum().to(result)
+        ctx.save_for_backward(result, target, mask, total_weight)
+        return loss.sum() / total_weight
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, target, mask, total_weight = ctx.saved_tensors
+        grad_output = grad_output / total_weight
+        target = target.unsqueeze(-1)
+        safe_target = torch.where(target != -100, target, 0).squeeze(-1).flatten()
+        masked_safe_target = safe_target.masked_fill(mask.flatten(), 0)
+        grad_input = torch.zeros_like(x)
+        grad_update = mask.flatten().to(grad_input.dtype) - 1.0
+        arange_1d = torch.arange(masked_safe_target.shape[0], device=masked_safe_target.device)
+        grad_input.view(-1, x.shape[-1])[arange_1d, masked_safe_target] = grad_update
+        grad_output = torch.where(target != -100, grad_output, 0)
+        return (grad_input + torch.exp(x)) * grad_output, None
+
+
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, shard: Shard) -> torch.Tensor:
-    """transformers' ForCausalLMLoss (TP=1) or Megatron's vocab-parallel cross-entropy (TP>1)."""
+    """transformers' ForCausalLMLoss (TP=1), or under TP>1 the same cross-entropy on vocab-sharded DTensor
+    logits within `loss_parallel()` (PyTorch's own sharded log-softmax and NLL)."""
     logits = logits.float()
     labels = F.pad(labels, (0, 1), value=-100)
     shift_labels = labels[..., 1:].contiguous()
     if shard.tp > 1:
-        losses = _VocabParallelCE.apply(logits, shift_labels)
-        return losses.mean()
+        return _LossParallelCE.apply(logits.view(-1, vocab_size), shift_labels.view(-1))
     logits = logits.view(-1, vocab_size)
     shift_labels = shift_labels.view(-1)
     shift_labels = shift_labels.to(logits.device)
