@@ -267,6 +267,8 @@ class _OpCounter(TorchDispatchMode):
         self.counts: Counter[tuple[str, str, str]] = Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if any(t not in (torch.Tensor, torch.nn.Parameter) for t in types):
+            return NotImplemented  # a tensor subclass (torchao float8): log the plain ops it runs
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = str(func)
@@ -527,6 +529,8 @@ def run_oplog(cases: list[Case], path: Path, device: Device) -> int:
         ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
         try:
             model = _hf_model(c.config, torch_dtype(st.param_dtype), device.torch_device)
+            if st.fp8_recipe:
+                convert_fp8_linears(model, st.fp8_recipe)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
             ids = torch.randint(0, int(c.config["vocab_size"]), (c.micro_batch, c.seq_len), device=device.torch_device)
@@ -602,4 +606,19 @@ def oplog_cases() -> list[Case]:
                                 ("qwen2-small", {**layers_of(QWEN2_0_5B, 2), "vocab_size": 32000}, 2, 512)):
         for s in ALL_SETTINGS:
             out.append(Case(f"oplog-{model}-{s}", model, cfg, s, mb, seq, "oplog"))
+    for s in FP8_SETTINGS:
+        out.append(Case(f"oplog-llama-small-{s}", "llama-small", small_llama, s, 2, 512, "oplog"))
+    # the spec registry's families built from transformers' modules: windows shorter than the sequence,
+    # alternating layer types, routed and shared experts
+    small = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 4,
+             "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 32000}
+    fams = {"qwen3-small": {**QWEN3_8B, **small},
+            "gemma2-small": {**GEMMA2_9B, **small, "sliding_window": 256, "query_pre_attn_scalar": 64},
+            "phi3-small": {**PHI3_MINI, **small, "num_key_value_heads": 8, "sliding_window": 255, "pad_token_id": 0},
+            "mixtral-small": {**MIXTRAL_8X7B, **small, "num_local_experts": 4},
+            "qwen2moe-small": {**QWEN15_MOE_A27B, **small, "num_experts": 8, "moe_intermediate_size": 256,
+                               "shared_expert_intermediate_size": 512}}
+    for model, cfg in fams.items():
+        for s in ("amp_bf16", "bf16"):
+            out.append(Case(f"oplog-{model}-{s}", model, cfg, s, 2, 512, "oplog"))
     return out
