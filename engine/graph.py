@@ -153,7 +153,9 @@ def layer_templates(meta: GraphMeta) -> dict[int, float]:
         return {}
     out: dict[int, float] = {}
     for t in dict.fromkeys(types):
-        idx = [i for i, x in enumerate(traced) if x == t and i >= 1]
+        # the template of a type is its first traced layer after the leading one (that one alone only when
+        # a whole model was traced and no later layer has the type)
+        idx = [i for i, x in enumerate(traced) if x == t and i >= 1] or [i for i, x in enumerate(traced) if x == t]
         if not idx:
             raise ValueError(f"the graph has no traced layer of type {t}")
         out[idx[0]] = types.count(t) / len(types)

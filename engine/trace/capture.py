@@ -329,6 +329,12 @@ class _Capture:
         if name == "aten.lift_fresh.default":
             self.host_ids.add(args[0])
         call = encode_call(func, args, kwargs, lambda t: t in self.host_ids)
+        if name == "aten.new_zeros.default" and not kwargs:
+            # torch 2.13's topk backward allocates with new_zeros(grad, size); the GPU's torch 2.11 (and
+            # every other new_zeros it logs) passes dtype and layout: zeros(size, dtype, layout), as logged
+            t = args[0]
+            call = encode_call(torch.ops.aten.zeros.default, (list(args[1]),),
+                               {"dtype": t.dtype, "layout": torch.strided})
         for i in HOST_OUTPUTS.get(name, ()):
             outs = out if isinstance(out, tuple | list) else (out,)
             if i < len(outs) and isinstance(outs[i], torch.Tensor):

@@ -62,7 +62,11 @@ def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask
     if backend == "cudnn":
         mask = attn_mask
         if mask is not None and mask.dtype == torch.bool:
-            mask = _bool_to_additive(mask, query.dtype, -65504.0)
+            # sdp_utils' convert_boolean_attn_mask_cudnn, as the H200 logs it: where(mask, 0, -65504) in the
+            # query's dtype on the (expanded) mask itself
+            neg = torch.ops.aten.scalar_tensor.default(-65504.0, dtype=query.dtype)
+            zero = torch.ops.aten.scalar_tensor.default(0.0, dtype=query.dtype, layout=torch.strided)
+            mask = torch.ops.aten.where.self(mask, zero, neg)
         out = torch.ops.aten._scaled_dot_product_cudnn_attention(
             query, key, value, mask, need_lse, dropout_p, is_causal, False, scale=scale)
         return out[0]
@@ -140,6 +144,12 @@ def _allow_grouped_mm_any_float() -> None:
     mr._meta_grouped_mm_common = common
 
 
+def _histc_meta(input: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    """histc's shape as CUDA computes it, integer inputs included (the CPU build takes floats only; MoE
+    routing histograms int32 expert ids on CUDA)."""
+    return input.new_empty((bins,), dtype=input.dtype)
+
+
 def install() -> None:
     """Route SDPA, dropout and RMSNorm through their CUDA choices for this process (once)."""
     global _LIB
@@ -153,4 +163,5 @@ def install() -> None:
         lib.impl("dropout", _dropout, "CompositeImplicitAutograd")
         lib.impl("rms_norm", _rms_norm, "CompositeImplicitAutograd")
         lib.impl("_fused_rms_norm", _fused_rms_norm_cpu, "CPU")
+        lib.impl("histc", _histc_meta, "Meta")
     _LIB = lib

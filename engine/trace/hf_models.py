@@ -56,6 +56,31 @@ def _patch_packed_check() -> None:
     mu.find_packed_sequence_indices = find_packed_sequence_indices
 
 
+_CPU_BRANCH = 'histc_input = expert_ids_g.float() if device.type in ("cpu", "mps") else expert_ids_g.int()'
+
+
+def _patch_grouped_mm_cuda_path() -> None:
+    """transformers' grouped-GEMM experts histogram the expert ids as floats on the CPU and as int32 on
+    CUDA; a CPU trace must record the CUDA branch (the function's own code, with that one test fixed)."""
+    import inspect
+    import textwrap
+
+    import transformers.integrations.moe as moe
+
+    fn = moe.ALL_EXPERTS_FUNCTIONS._global_mapping.get("grouped_mm")
+    if fn is None or getattr(fn, "_tp_query", False):
+        return
+    src = textwrap.dedent(inspect.getsource(fn))
+    if _CPU_BRANCH not in src:
+        raise RuntimeError("transformers' grouped_mm experts changed: the CUDA-branch patch no longer applies")
+    ns: dict[str, Any] = {}
+    exec(compile(src.replace(_CPU_BRANCH, "histc_input = expert_ids_g.int()"), inspect.getfile(fn), "exec"),
+         moe.__dict__, ns)
+    cuda_fn = ns[fn.__name__]
+    cuda_fn._tp_query = True
+    moe.ALL_EXPERTS_FUNCTIONS._global_mapping["grouped_mm"] = cuda_fn
+
+
 def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     """transformers' config of the module one rank runs (layers as `spec.num_layers` / layer_types)."""
     from transformers import AutoConfig
@@ -92,6 +117,8 @@ class HFCausalLM(nn.Module):
         from transformers import AutoModelForCausalLM
 
         _patch_packed_check()
+        if spec.is_moe:
+            _patch_grouped_mm_cuda_path()
         self.spec, self.shard = spec, shard
         hf = AutoModelForCausalLM.from_config(hf_config_for(spec, shard), attn_implementation="sdpa")
         base = hf.base_model
