@@ -610,15 +610,15 @@ def oplog_cases() -> list[Case]:
         out.append(Case(f"oplog-llama-small-{s}", "llama-small", small_llama, s, 2, 512, "oplog"))
     # the spec registry's families built from transformers' modules: windows shorter than the sequence,
     # alternating layer types, routed and shared experts
-    small = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 4,
+    small: dict[str, Any] = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 4,
              "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 32000}
-    fams = {"qwen3-small": {**QWEN3_8B, **small},
+    fams: dict[str, dict[str, Any]] = {"qwen3-small": {**QWEN3_8B, **small},
             "gemma2-small": {**GEMMA2_9B, **small, "sliding_window": 256, "query_pre_attn_scalar": 64},
             "phi3-small": {**PHI3_MINI, **small, "num_key_value_heads": 8, "sliding_window": 255, "pad_token_id": 0},
             "mixtral-small": {**MIXTRAL_8X7B, **small, "num_local_experts": 4},
             "qwen2moe-small": {**QWEN15_MOE_A27B, **small, "num_experts": 8, "moe_intermediate_size": 256,
                                "shared_expert_intermediate_size": 512}}
-    for model, cfg in fams.items():
+    for model, fcfg in fams.items():
         for s in ("amp_bf16", "bf16"):
-            out.append(Case(f"oplog-{model}-{s}", model, cfg, s, 2, 512, "oplog"))
+            out.append(Case(f"oplog-{model}-{s}", model, fcfg, s, 2, 512, "oplog"))
     return out
