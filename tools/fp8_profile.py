@@ -52,5 +52,10 @@ for setting in sys.argv[1:] or ["bf16", "fp8_tensorwise"]:
           f"span {(iv[-1][1] - iv[0][0]) / 1000:.1f} ms")
     for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:12]:
         print(f"   {v:7.2f} ms {n[k]:5d}x {k}")
+    # GPU time per aten operator (the kernels each launched), to set against the engine's per-operator rows
+    ops = [(e.key, e.self_device_time_total / 1000, e.count) for e in prof.key_averages()
+           if e.key.startswith("aten::") and e.self_device_time_total > 0]
+    for key, ms, cnt in sorted(ops, key=lambda x: -x[1])[:18]:
+        print(f"   op {ms:7.2f} ms {cnt:5d}x {key}")
     del model, opt, step
     torch.cuda.empty_cache()
