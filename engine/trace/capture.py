@@ -184,6 +184,9 @@ _PLAIN_TYPES = (torch.Tensor, FakeTensor, torch.nn.Parameter)
 
 def convert_fp8(model: torch.nn.Module, recipe: str) -> None:
     """torchao float8 training on the model's Linear layers (`fp8_linear_filter`), as users convert."""
+    from .hf_models import quiet_imports
+
+    quiet_imports()
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:

@@ -40,6 +40,15 @@ def _attn_attr(layer: nn.Module) -> nn.Module:
     return cast(nn.Module, layer.self_attn if hasattr(layer, "self_attn") else layer.attention)
 
 
+def quiet_imports() -> None:
+    """transformers imports torchao when it is installed; a CPU build of torchao logs a warning per CUDA
+    extension it cannot load, and torch a deprecation per enum torchao registers. Not the user's concern."""
+    import logging
+
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _patch_packed_check() -> None:
     """transformers skips `find_packed_sequence_indices`' host check under fake tensors and then builds a
     dense mask; a real CUDA run performs the check (one sync) and uses is_causal. Record the real run."""
@@ -83,6 +92,7 @@ def _patch_grouped_mm_cuda_path() -> None:
 
 def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     """transformers' config of the module one rank runs (layers as `spec.num_layers` / layer_types)."""
+    quiet_imports()
     from transformers import AutoConfig
 
     cfg = json.loads(spec.hf_config)
@@ -114,6 +124,7 @@ class HFCausalLM(nn.Module):
 
     def __init__(self, spec: ModelSpec, shard: Shard) -> None:
         super().__init__()
+        quiet_imports()
         from transformers import AutoModelForCausalLM
 
         _patch_packed_check()
