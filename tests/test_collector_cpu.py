@@ -15,7 +15,7 @@ from tp_query.collector.store import ChunkedStore, StoreError
 from tp_query.collector.timing import Timer
 from tp_query.schema.tables import METADATA_KEY, OPS_SCHEMA, Provenance
 
-from .conftest import run_collector
+from .conftest import TINY_LLAMA, run_cli, run_collector
 
 KINDS = {"mm", "elementwise", "rms_norm_fwd", "embedding_bwd", "foreach:_foreach_addcdiv_.ScalarList"}
 
@@ -182,3 +182,26 @@ def test_one_collector_per_folder(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="another collector is writing"):
         ChunkedStore(tmp_path, "grid", OPS_SCHEMA, prov)
     del first
+
+
+def test_remeasure_ops_replaces_rows_and_adds_none(tmp_path: Path) -> None:
+    """After a fix to how an operator's inputs are made, `--remeasure-ops` measures its points again: the
+    new rows replace the old ones (whatever file held them), nothing else is touched or duplicated."""
+    from tp_query.schema import manifest
+
+    out = tmp_path / "cpu" / "ops"
+    sigs = tmp_path / "s.jsonl"
+    model = tmp_path / "m.json"
+    model.write_text(json.dumps(TINY_LLAMA))
+    r = run_cli("sigs", str(model), "--out", str(sigs), "--seq-len", "32", "--precision", "bf16")
+    assert r.returncode == 0, r.stderr
+    base = ["collect", "--gpu", "cpu", "--sigs", str(sigs), "--out", str(out), "--quiet", "--timer", "closed-form"]
+    assert run_collector(*base).returncode == 0
+    before = {(x["key"], x["run"]): x for x in _rows(out)}
+    r = run_collector(*base, "--remeasure-ops", "aten.index_put_.default,aten.mm.default")
+    assert r.returncode == 0, r.stderr
+    after = {(x["key"], x["run"]): x for x in _rows(out)}
+    assert len(after) == len(_rows(out)) == len(before) and set(after) == set(before)
+    redone = [k for k, x in after.items() if x["op"] == "aten.mm.default"]
+    assert redone and all(after[k]["measured_at"] >= before[k]["measured_at"] for k in redone)
+    assert manifest.verify(out.parent, "cpu") == len(list(out.glob("*.parquet")))

@@ -1,0 +1,150 @@
+"""Behaviour added with the spec registry, MoE, FP8 and the distributed memory findings: the losses as
+the stacks compute them (checked numerically against F.cross_entropy), mean layers of mixed attention
+types, index inputs the collector makes, the grouped GEMM kind, the memory terms the allocator traces
+showed, and what every prediction says about its graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tp_query.engine.graph import GraphMeta, layer_templates
+from tp_query.engine.parallel import ParallelConfig
+from tp_query.engine.predict import Engine, PredictRequest
+from tp_query.schema.model_config import FULL, SLIDING, parse_config
+from tp_query.schema.ops import REGISTRY, describe, index_args_of
+from tp_query.schema.precision import Setting
+from tp_query.schema.signature import OpCall
+
+from .conftest import TINY_FAMILIES, TINY_LLAMA, run_cli
+
+torch = pytest.importorskip("torch")
+
+
+# -- losses as the stacks run them ------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["loss_parallel", "megatron"])
+def test_sharded_losses_equal_cross_entropy_on_one_shard(which: str) -> None:
+    """With the whole vocabulary on one rank (no communication needed), PyTorch's loss_parallel math and
+    Megatron's in-place vocab-parallel cross-entropy give F.cross_entropy's loss and gradient."""
+    import torch.nn.functional as F
+    from tp_query.engine.trace.megatron_local import _MegatronVocabParallelCE
+    from tp_query.engine.trace.models import _LossParallelCE
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, 50, generator=g)
+    target = torch.randint(0, 50, (12,), generator=g)
+    a = logits.clone().requires_grad_(True)
+    ref = F.cross_entropy(a, target)
+    ref.backward()
+    b = logits.clone().requires_grad_(True)
+    if which == "loss_parallel":
+        loss = _LossParallelCE.apply(b, target)
+    else:
+        loss = _MegatronVocabParallelCE.apply(b, target).mean()
+    loss.backward()
+    assert torch.allclose(loss, ref, atol=1e-6) and torch.allclose(b.grad, a.grad, atol=1e-6)
+
+
+# -- layer types --------------------------------------------------------------------------------------
+
+def test_mean_layer_weights_follow_the_layer_types() -> None:
+    types = [SLIDING] * 5 + [FULL]
+    meta = GraphMeta(source="config", model={"layer_types": types * 2}, setting="bf16", micro_batch=1, seq_len=64,
+                     tp=1, sequence_parallel=False, recompute=False, optimizer="adamw", traced_layers=3,
+                     torch_version="x", sdpa_policy="x", extra={"traced_layer_types": [SLIDING, SLIDING, FULL]})
+    assert layer_templates(meta) == {1: pytest.approx(5 / 6), 2: pytest.approx(1 / 6)}
+    uniform = GraphMeta(**{**meta.__dict__, "model": {"layer_types": []}})
+    assert layer_templates(uniform) == {}
+
+
+def test_gemma3_pattern_and_traced_types() -> None:
+    spec = parse_config({**TINY_FAMILIES["gemma3"], "num_hidden_layers": 12})
+    assert spec.layer_types == tuple([SLIDING] * 5 + [FULL]) * 2
+    assert spec.traced_layer_types() == (SLIDING, SLIDING, FULL)
+    assert spec.layer_type_fractions() == {SLIDING: pytest.approx(10 / 12), FULL: pytest.approx(2 / 12)}
+    # a window at least the sequence long is the model's own business: the spec keeps the layer types
+    assert parse_config({**TINY_FAMILIES["mistral-sw"], "sliding_window": None}).builder.value == "native"
+
+
+# -- collector inputs and the grouped GEMM kind -------------------------------------------------------
+
+def test_index_operators_get_valid_uniform_indices() -> None:
+    from tp_query.engine.trace.torchargs import materialize
+
+    sig = '{"a":[{"T":[64,8],"d":"fp32"},[{"T":[4096],"d":"i64"}],{"T":[4096,8],"d":"fp32"},true]}'
+    call = OpCall.from_json_str("aten.index_put.default", sig)
+    assert index_args_of(call.op)
+    args, _ = materialize(call, torch.device("cpu"))
+    idx = args[1][0]
+    assert int(idx.min()) >= 0 and int(idx.max()) < 64
+    assert len(torch.unique(idx)) > 32  # spread over the rows, not piled on two
+
+
+def test_grouped_gemm_features_and_balanced_offsets() -> None:
+    from tp_query.collector.replay import balanced_offsets
+
+    fwd = OpCall.from_json_str("aten._grouped_mm.default",
+                               '{"a":[{"T":[256,64],"d":"bf16"},{"T":[4,64,32],"d":"bf16"},{"T":[4],"d":"i32"}]}')
+    info = describe(fwd, False)
+    assert info.kind == "grouped_mm" and info.features["layout"] == "grouped:2d3d"
+    assert info.flops == 2 * 256 * 64 * 32
+    wgrad = OpCall.from_json_str("aten._grouped_mm.default",
+                                 '{"a":[{"T":[64,256],"d":"bf16"},{"T":[256,32],"d":"bf16"},{"T":[4],"d":"i32"}]}')
+    assert describe(wgrad, False).flops == 2 * 64 * 32 * 256 and REGISTRY.is_registered(wgrad.op)
+    assert balanced_offsets(10, 4, torch.device("cpu")).tolist() == [2, 5, 7, 10]
+
+
+# -- memory terms the allocator traces showed ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def eng(cpu_db: Path) -> Engine:
+    return Engine("cpu", str(cpu_db))
+
+
+def _req(setting: Setting = Setting.AMP_BF16, **par: object) -> PredictRequest:
+    return PredictRequest(model=TINY_LLAMA, model_name="tiny", gpu="cpu", setting=setting, seq_len=64,
+                          parallel=ParallelConfig(**par))  # type: ignore[arg-type]
+
+
+def test_megatron_gradient_buffer_is_live_all_step(eng: Engine) -> None:
+    """Megatron-Core's main-grad buffer exists from the DDP wrap on: at the start of backward of a single
+    micro-batch it is live, so the peak is at least weights + optimizer + fp32 gradients."""
+    p = eng.predict(_req(Setting.MP_BF16, framework="megatron"))
+    m = p.memory
+    assert p.peak_memory_gib >= m["weights_gib"] + m["optimizer_gib"] + m["grads_gib"] + m["activations_gib"] - 1e-6
+
+
+def test_gpipe_keeps_each_micro_batch_loss_activations(eng: Engine) -> None:
+    """Under GPipe the last stage's extra memory grows with the micro-batches in flight (their loss
+    activations), under 1F1B it does not."""
+    def last_stage(sched: str, m: int) -> float:
+        p = eng.predict(_req(pp=2, micro_batch=1, global_batch=m, pp_schedule=sched))
+        return float(p.stages[-1]["peak_memory_gib"])
+
+    g4, g8 = last_stage("gpipe", 4), last_stage("gpipe", 8)
+    o4, o8 = last_stage("1f1b", 4), last_stage("1f1b", 8)
+    assert g8 - g4 > 0 and (g8 - g4) > (o8 - o4)
+
+
+# -- what a prediction says about its graph -------------------------------------------------------------
+
+def test_moe_prediction_states_its_routing(tmp_path: Path) -> None:
+    cfg = tmp_path / "moe.json"
+    cfg.write_text(json.dumps(TINY_FAMILIES["qwen2-moe"]))
+    r = run_cli("predict", str(cfg), "--gpu", "h200", "--seq-len", "64", "--precision", "bf16", "--json")
+    assert r.returncode == 0, r.stderr
+    mg = json.loads(r.stdout)["config"]["model_graph"]
+    assert mg["family"] == "qwen2_moe" and "balanced" in mg["moe_routing"]
+    r = run_cli("predict", str(cfg), "--gpu", "h200", "--seq-len", "64", "--precision", "bf16", "--tp", "3")
+    assert r.returncode == 2 and "does not divide" in r.stderr
+
+
+def test_sliding_window_model_graph_counts_layer_types(tmp_path: Path) -> None:
+    cfg = tmp_path / "gemma.json"
+    cfg.write_text(json.dumps(TINY_FAMILIES["gemma2"]))
+    r = run_cli("predict", str(cfg), "--gpu", "h200", "--seq-len", "64", "--json")
+    assert r.returncode == 0, r.stderr
+    mg = json.loads(r.stdout)["config"]["model_graph"]
+    assert mg["layer_types"] == {SLIDING: 2, FULL: 2} and mg["sliding_window"] == 16
