@@ -197,7 +197,8 @@ def ops(
     top: Annotated[int, typer.Option(help="rows to show (0: all)")] = 40,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     db: DbOpt = None,
-    by: Annotated[str, typer.Option(help="op (every call) | kind | phase: roll the rows up")] = "op",
+    by: Annotated[str, typer.Option(help="op (every call) | kind | phase | layer (embedding, one decoder layer, "
+                                         "head, optimizer): roll the rows up")] = "op",
 ) -> None:
     """List the per-operator rows behind a prediction (slowest stage, one iteration)."""
     from tp_query.engine.predict import Engine
@@ -206,9 +207,14 @@ def ops(
     def go() -> None:
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
                        sequence_parallel, zero, recompute, False, db)
-        if by not in ("op", "kind", "phase"):
-            raise UserError(f"--by must be op, kind or phase, got {by!r}")
-        p = Engine(req.gpu, req.db_root).predict(req, with_ops=True)
+        if by not in ("op", "kind", "phase", "layer"):
+            raise UserError(f"--by must be op, kind, phase or layer, got {by!r}")
+        p = Engine(req.gpu, req.db_root).predict(req, with_ops=by != "layer")
+        if by == "layer":
+            from tp_query.engine.report import sections_table
+
+            typer.echo(json.dumps(p.sections, indent=1, default=float) if as_json else sections_table(p))
+            return
         if by != "op":
             from tp_query.engine.report import rollup
 
@@ -216,11 +222,12 @@ def ops(
             if as_json:
                 typer.echo(json.dumps(groups, indent=1, default=float))
             else:
-                w = max(len(str(g[by])) for g in groups)
+                from tp_query.engine.report import text_table
+
                 total = sum(g["total_ms"] for g in groups) or 1.0
-                typer.echo("\n".join([f"{by:<{w}} {'calls':>8} {'total ms':>10} {'share':>7}"] + [
-                    f"{g[by]:<{w}} {g['calls']:>8} {g['total_ms']:>10.3f} {100 * g['total_ms'] / total:>6.1f}%"
-                    for g in groups]))
+                typer.echo(text_table([by, "calls", "total ms", "share"],
+                                      [[g[by], f"{g['calls']:.4g}", f"{g['total_ms']:.3f}",
+                                        f"{100 * g['total_ms'] / total:.1f}%"] for g in groups], right={1, 2, 3}))
             return
         rows = p.ops if top <= 0 else p.ops[:top]
         if as_json:
@@ -490,7 +497,7 @@ def search(
 @app.command()
 def plot(
     what: Annotated[str, typer.Argument(help="breakdown | latency")],
-    out: Annotated[Path, typer.Option("--out", "-o", help=".svg (or .png with matplotlib installed)")],
+    out: Annotated[Path, typer.Option("--out", "-o", help=".svg (or .png, .pdf with matplotlib installed)")],
     model: Annotated[Path | None, typer.Option(help="breakdown: the model config")] = None,
     dp: int = 1, tp: int = 1, pp: int = 1,
     seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,

@@ -224,6 +224,7 @@ def save(chart: Chart, path: Path) -> Path:
             return write(chart.svg(), path)
         raise ValueError(f"{suffix} output needs matplotlib (pip install 'tp-query[plot]'); .svg needs nothing"
                          ) from None
+    plt.rcParams["svg.fonttype"] = "none"  # SVG text stays text (searchable, selectable)
     fig, ax = plt.subplots(figsize=(9, 5.5))
     if chart.kind == "bars":
         bottom = [0.0] * len(chart.labels or [])

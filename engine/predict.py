@@ -102,6 +102,9 @@ class Prediction:
     model_tflops_per_gpu: float | None = None
     hardware_tflops_per_gpu: float | None = None  # every operator the GPUs run (recomputation, optimizer)
     mfu: float | None = None  # model FLOPs / (time x GPUs x datasheet dense peak of the compute precision)
+    # GPU time of the slowest stage by section: the embedding, one decoder layer (and how many), the head,
+    # the optimizer step (per iteration; host idle, pipeline bubble and data-parallel traffic apart)
+    sections: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self, with_ops: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -647,7 +650,30 @@ class _Assemble:
                      "opt_ms": r["opt_us"] / 1e3, "peak_memory_gib": mm.peak_bytes / 2**30}
                     for s, r, mm in zip(self.stages, per_stage, mems, strict=True)],
             ops=self._op_rows(op_rows) if self.with_ops else [], **flops,
+            sections=self._section_rows(crit, per_stage[crit]),
         )
+
+    def _section_rows(self, crit: int, times: dict[str, Any]) -> list[dict[str, Any]]:
+        """The slowest stage's GPU time by section: one copy's forward and backward, the copies per
+        micro-batch, and the iteration's total (micro-batches included)."""
+        st = self.stages[crit]
+        m = self.par.micro_batches
+        sec = times["sections"]
+        names = {Section.EMBED: "embedding", Section.LAYER: "decoder layer", Section.HEAD: "head (norm, LM head, loss)",
+                 Section.BODY: "module"}
+        copies = {sec_: n for sec_, n in st.fwd_parts}
+        rows = []
+        for se, name in names.items():
+            f, b = sec.get((Phase.FWD, se)), sec.get((Phase.BWD, se))
+            if f is None and b is None:
+                continue
+            n = copies.get(se, 1)
+            each = ((f or 0.0) + (b or 0.0)) / 1e3
+            rows.append({"section": name, "count": n, "fwd_ms": (f or 0.0) / 1e3, "bwd_ms": (b or 0.0) / 1e3,
+                         "each_ms": each, "total_ms": each * n * m})
+        rows.append({"section": "optimizer step", "count": 1, "fwd_ms": 0.0, "bwd_ms": 0.0,
+                     "each_ms": times["opt_gpu_us"] / 1e3, "total_ms": times["opt_gpu_us"] / 1e3})
+        return rows
 
     def _seg_flops(self, seg: Segment) -> float:
         """Operator FLOPs of a segment, once per segment (search shares segments across candidates)."""

@@ -2,12 +2,42 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pyarrow as pa
 
 from .db import DbInfo
 from .predict import OpRow, Prediction
+
+
+def text_table(headers: list[str], rows: list[list[Any]], right: set[int] | None = None,
+               max_width: int = 70) -> str:
+    """Columns as wide as their longest cell (capped, with an ellipsis): a rich table on a terminal,
+    plain aligned text in pipes and logs (so that scripts and CI read the same lines)."""
+    right = right or set()
+    cells = [["" if v is None else str(v) for v in r] for r in rows]
+    cells = [[c if len(c) <= max_width else c[: max_width - 3] + "..." for c in r] for r in cells]
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+        for i, h in enumerate(headers):
+            t.add_column(h, justify="right" if i in right else "left", overflow="fold")
+        for r in cells:
+            t.add_row(*r)
+        console = Console(width=max(Console().width, 80))
+        with console.capture() as cap:
+            console.print(t)
+        return cap.get().rstrip("\n")
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+
+    def line(vals: list[str]) -> str:
+        return "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths,
+                                                                                             strict=True))).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
 def _bar(frac: float, width: int = 24) -> str:
@@ -62,13 +92,22 @@ def prediction_table(p: Prediction) -> str:
 
 
 def ops_table(rows: list[OpRow], p: Prediction) -> str:
-    head = f"{'phase':<5} {'operator':<52} {'prec':<5} {'count':>6} {'each us':>10} {'total ms':>10} {'source':<13} shapes"
-    out = [head, "-" * len(head)]
-    for r in rows:
-        out.append(f"{r.phase:<5} {r.op[:52]:<52} {r.precision:<5} {r.count:>6.4g} {r.latency_us:>10.1f} "
-                   f"{r.total_ms:>10.3f} {r.source:<13} {r.shapes}")
-    out.append(f"({len(rows)} rows; iteration {p.iteration_ms:.2f} ms)")
-    return "\n".join(out)
+    body = [[r.phase, r.op, r.precision, f"{r.count:.4g}", f"{r.latency_us:.1f}", f"{r.total_ms:.3f}", r.source,
+             r.shapes] for r in rows]
+    return (text_table(["phase", "operator", "prec", "count", "each us", "total ms", "source", "shapes"], body,
+                       right={3, 4, 5}, max_width=60)
+            + f"\n({len(rows)} rows; iteration {p.iteration_ms:.2f} ms)")
+
+
+def sections_table(p: Prediction) -> str:
+    """GPU time by section of the slowest stage: the per-layer roll-up DeepSpeed's profiler gives."""
+    total = sum(r["total_ms"] for r in p.sections) or 1.0
+    body = [[r["section"], r["count"], f"{r['fwd_ms']:.3f}", f"{r['bwd_ms']:.3f}", f"{r['each_ms']:.3f}",
+             f"{r['total_ms']:.3f}", f"{100 * r['total_ms'] / total:.1f}%"] for r in p.sections]
+    return (text_table(["section", "copies", "fwd ms", "bwd ms", "each ms", "total ms", "share"], body,
+                       right={1, 2, 3, 4, 5, 6})
+            + f"\n(GPU time per iteration, {p.config['micro_batches']} micro-batch(es); host idle "
+              f"{p.breakdown.get('host_overhead_ms', 0):.2f} ms, bubble and DP traffic apart)")
 
 
 def rollup(rows: list[OpRow], by: str) -> list[dict[str, Any]]:
@@ -111,7 +150,5 @@ def db_info_text(info: DbInfo, rep: dict[str, Any]) -> str:
                      f"{rep['median_rel_diff']:.2%}, p90 {rep['p90_rel_diff']:.2%}; median p80/p20 spread "
                      f"{rep['median_spread']:.3f}")
     lines.append("")
-    lines.append(f"{'family':<12} {'kind':<34} {'precision':<9} {'rows':>6}")
-    for fam, kind, prec, n in info.by_kind:
-        lines.append(f"{fam:<12} {kind:<34} {prec:<9} {n:>6}")
+    lines.append(text_table(["family", "kind", "precision", "rows"], [list(r) for r in info.by_kind], right={3}))
     return "\n".join(lines)

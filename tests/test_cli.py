@@ -104,7 +104,12 @@ def test_ops_roll_up_by_kind_and_phase(cpu_db: Path, tiny_llama_file: Path) -> N
         assert sum(g["total_ms"] for g in groups) == pytest.approx(sum(x["total_ms"] for x in rows))
         assert sum(g["calls"] for g in groups) == sum(x["count"] for x in rows)
     assert "communication" in {g["kind"] for g in json.loads(run_cli(*base, "--by", "kind", "--json").stdout)}
-    assert run_cli(*base, "--by", "layer").returncode == 2
+    assert run_cli(*base, "--by", "nope").returncode == 2
+    # by layer: the embedding, one decoder layer (x layers), the head and the optimizer add up to the GPU
+    # time of the slowest stage's iteration, which is at most the sum over the operator rows (comm included)
+    sections = json.loads(run_cli(*base, "--by", "layer", "--json").stdout)
+    assert [s["section"] for s in sections][1] == "decoder layer" and sections[1]["count"] == 4
+    assert 0 < sum(s["total_ms"] for s in sections) <= sum(x["total_ms"] for x in rows) * 1.0001
 
 
 def test_cli_needs_no_click(tmp_path: Path) -> None:
