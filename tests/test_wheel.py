@@ -63,6 +63,10 @@ def test_the_installed_wheel_runs_from_another_folder(installed: Path, tmp_path:
     assert r.returncode == 0 and r.stdout.startswith("tp-query "), r.stderr
     r = _run(installed, tmp_path, "plot", "latency", "--kind", "mm", "-o", str(tmp_path / "mm.svg"))
     assert r.returncode == 0 and (tmp_path / "mm.svg").read_text().lstrip().startswith("<"), r.stderr
+    pytest.importorskip("matplotlib")
+    for name, magic in (("mm.png", b"\x89PNG\r\n\x1a\n"), ("mm.pdf", b"%PDF-")):  # each file is its format
+        r = _run(installed, tmp_path, "plot", "latency", "--kind", "mm", "-o", str(tmp_path / name))
+        assert r.returncode == 0 and (tmp_path / name).read_bytes().startswith(magic), r.stderr
 
 
 def test_tp_query_db_points_elsewhere(installed: Path, tmp_path: Path) -> None:
