@@ -30,7 +30,7 @@ for setting in sys.argv[1:] or ["bf16", "fp8_tensorwise"]:
     step()
     e1.record()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU], record_shapes=True) as prof:
         step()
         torch.cuda.synchronize()
     iv, by, n = [], defaultdict(float), defaultdict(int)
@@ -57,5 +57,11 @@ for setting in sys.argv[1:] or ["bf16", "fp8_tensorwise"]:
            if e.key.startswith("aten::") and e.self_device_time_total > 0]
     for key, ms, cnt in sorted(ops, key=lambda x: -x[1])[:18]:
         print(f"   op {ms:7.2f} ms {cnt:5d}x {key}")
+    # the same per input shape, for the operators whose time the engine misses most (device time with
+    # children: a max over a transposed view counts the copy it makes)
+    for e in sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.device_time_total):
+        if e.key in ("aten::max", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::abs", "aten::mul",
+                     "aten::clamp", "aten::reciprocal", "aten::t", "aten::copy_") and e.device_time_total > 300:
+            print(f"   shape {e.device_time_total / 1000:7.2f} ms {e.count:5d}x {e.key} {str(e.input_shapes)[:90]}")
     del model, opt, step
     torch.cuda.empty_cache()
