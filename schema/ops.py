@@ -145,6 +145,15 @@ class Registry:
         """The kind covering `op`; unregistered operators fall into the generic elementwise kind."""
         return self._by_op.get(op) or self._by_name["elementwise"]
 
+    def for_call(self, call: OpCall) -> OpKind:
+        """The kind of one call. `aten.contiguous` is a view of a contiguous tensor and a copy of any other:
+        tensor subclasses (torchao's float8 tensors) call it below autograd, where it reaches the trace
+        undecomposed, and on a transposed fp8 weight it is a strided byte copy costing hundreds of us."""
+        if call.op == CONTIGUOUS and call.args and isinstance(call.args[0], TensorSpec) and \
+                call.args[0].strides is not None:
+            return self._by_name["elementwise"]
+        return self.for_op(call.op)
+
     def is_registered(self, op: str) -> bool:
         return op in self._by_op
 
@@ -152,6 +161,7 @@ class Registry:
         return list(self._by_name.values())
 
 
+CONTIGUOUS = "aten.contiguous.default"
 REGISTRY = Registry()
 
 # Integer tensors that index another argument, for operators with no kind of their own (they fall into
@@ -1062,7 +1072,7 @@ class CallInfo:
 
 
 def describe(call: OpCall, allow_tf32: bool) -> CallInfo:
-    kind = REGISTRY.for_op(call.op)
+    kind = REGISTRY.for_call(call)
     family = kind.family
     if call.on_host_only():
         family = Family.HOST
