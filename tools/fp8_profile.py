@@ -1,4 +1,4 @@
-"""Where an eager torchao float8 step spends its time on the GPU: kernel busy time (union of kernel
+"""Where an eager step (torchao float8, bf16 or pure fp16) spends its time on the GPU: kernel busy time (union of kernel
 intervals) against the iteration, and the top kernels, for bf16 and fp8 on the same model."""
 import functools
 import sys
@@ -16,7 +16,8 @@ from tp_query.collector.validate import (
 )
 
 for setting in sys.argv[1:] or ["bf16", "fp8_tensorwise"]:
-    model = _hf_model(layers_of(LLAMA3_8B, 4), torch.bfloat16, torch.device("cuda"))
+    model = _hf_model(layers_of(LLAMA3_8B, 4), torch.float16 if setting == "fp16" else torch.bfloat16,
+                      torch.device("cuda"))
     if setting.startswith("fp8"):
         convert_fp8_linears(model, setting.split("_")[1])
     opt = make_optimizer("adamw", model)
@@ -60,7 +61,7 @@ for setting in sys.argv[1:] or ["bf16", "fp8_tensorwise"]:
     # the same per input shape, for the operators whose time the engine misses most (device time with
     # children: a max over a transposed view counts the copy it makes)
     for e in sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.device_time_total):
-        if e.key in ("aten::max", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::abs", "aten::mul",
+        if e.key in ("aten::mm", "aten::max", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::abs", "aten::mul",
                      "aten::clamp", "aten::reciprocal", "aten::t", "aten::copy_") and e.device_time_total > 300:
             print(f"   shape {e.device_time_total / 1000:7.2f} ms {e.count:5d}x {e.key} {str(e.input_shapes)[:90]}")
     del model, opt, step
