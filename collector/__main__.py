@@ -20,8 +20,10 @@ from .store import StoreError
 
 
 def _collect(a: argparse.Namespace) -> int:
+    from tp_query.schema.ops import Operands
+
     from .campaign import CampaignAbort, run_campaign
-    from .plan import GRID_ORDER, grid_points, repeat_sample, signature_points, summary
+    from .plan import GRID_ORDER, grid_points, repeat_sample, signature_points, summary, with_operand_variant
     from .timing import ClosedFormTimer, Timer
 
     spec = gpu_spec(a.gpu)
@@ -36,6 +38,8 @@ def _collect(a: argparse.Namespace) -> int:
     for f in a.sigs or []:
         sp = signature_points(Path(f))
         points += sp
+    if a.operands:  # the fp16 GEMM points again, with other operands
+        points = with_operand_variant(points, Operands(a.operands))
     remeasure = bool(a.remeasure_ops)
     if remeasure:  # only those operators, measured again over their old rows
         ops = set(a.remeasure_ops.split(","))
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--repeat-fraction", type=float, default=0.0)
     c.add_argument("--plan-only", action="store_true")
     c.add_argument("--retry-errors", action="store_true", help="measure again points whose row failed")
+    c.add_argument("--operands", choices=("nan",), help="measure the selected fp16 GEMM points with these "
+                   "operands (nan: pure fp16 with Adam, whose weights are NaN after its first step)")
     c.add_argument("--remeasure-ops", help="comma-separated aten ops: measure their points again, replacing "
                    "the old rows (after a fix to how their inputs are made)")
     c.add_argument("--quiet", action="store_true")

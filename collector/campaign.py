@@ -101,7 +101,7 @@ def measure_point(p: Point, device: Device, timer: Timer | ClosedFormTimer, run:
     fn = None
     c0 = device.clocks()
     try:
-        fn = replay.build(p.call, device.torch_device)  # what cannot run here fails here, timer or not
+        fn = replay.build(p.call, device.torch_device, p.operands)  # what cannot run here fails here
         if isinstance(timer, ClosedFormTimer):
             fn()  # run once: an operator this device cannot run fails as it would when measured
             m = timer.estimate(p.info.flops, p.info.bytes, str(p.info.precision))

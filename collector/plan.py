@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tp_query.schema.ops import CallInfo, Family, describe, grid_calls
+from tp_query.schema.ops import CallInfo, Family, Operands, describe, grid_calls, with_operands
 from tp_query.schema.precision import Precision
 from tp_query.schema.signature import OpCall, call_key
 
@@ -28,6 +28,7 @@ class Point:
     allow_tf32: bool
     info: CallInfo
     campaign: str
+    operands: Operands = Operands.RANDOM
 
     @property
     def cost_estimate_s(self) -> float:
@@ -38,9 +39,16 @@ class Point:
         return reps * (t + 35e-6) + 0.01
 
 
-def make_point(call: OpCall, allow_tf32: bool, campaign: str) -> Point:
+def make_point(call: OpCall, allow_tf32: bool, campaign: str, operands: Operands = Operands.RANDOM) -> Point:
     info = describe(call, allow_tf32)
-    return Point(call_key(call.op, call.to_json_str(), info.math_mode), call, allow_tf32, info, campaign)
+    key, info = with_operands(call_key(call.op, call.to_json_str(), info.math_mode), info, operands)
+    return Point(key, call, allow_tf32, info, campaign, operands)
+
+
+def with_operand_variant(points: list[Point], operands: Operands) -> list[Point]:
+    """The fp16 GEMM points of a list, measured again with `operands` (other points do not depend on data)."""
+    return [make_point(p.call, p.allow_tf32, p.campaign, operands) for p in points
+            if p.info.family == Family.GEMM and p.info.precision == Precision.FP16]
 
 
 GRID_ORDER = (Precision.BF16, Precision.FP32, Precision.FP16, Precision.TF32)

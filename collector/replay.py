@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from tp_query.engine.trace.torchargs import materialize, resolve_op
-from tp_query.schema.ops import ATTN_BWD_ARGS, REGISTRY, InputRule
+from tp_query.schema.ops import ATTN_BWD_ARGS, REGISTRY, InputRule, Operands
 from tp_query.schema.signature import OpCall
 
 
@@ -57,9 +57,16 @@ def _grouped(call: OpCall, device: torch.device) -> Callable[[], Any]:
     return lambda: op(*args, **kwargs)
 
 
-def build(call: OpCall, device: torch.device) -> Callable[[], Any]:
+def build(call: OpCall, device: torch.device, operands: Operands = Operands.RANDOM) -> Callable[[], Any]:
     """A zero-argument closure that runs `call` once on `device` with persistent inputs."""
     kind = REGISTRY.for_op(call.op)
+    if operands == Operands.NAN:
+        op = resolve_op(call.op)
+        args, kwargs = materialize(call, device)
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                a.fill_(float("nan"))
+        return lambda: op(*args, **kwargs)
     if kind.input_rule == InputRule.FROM_FORWARD:
         return _attention_backward(call, device)
     if kind.input_rule == InputRule.GROUP_OFFSETS:

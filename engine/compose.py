@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from tp_query.schema.ops import CallInfo, describe
-from tp_query.schema.precision import DType
+from tp_query.schema.ops import CallInfo, Operands, describe, step_operands, with_operands
+from tp_query.schema.precision import DType, Setting
 from tp_query.schema.signature import OpCall, TensorSpec, call_key
 
 from .graph import Graph, OpRecord, ParamRecord, Phase, Section, layer_templates
 from .parallel import ParallelConfig, PlanError
+
+_SETTING_NAMES = {s.value for s in Setting}
 
 
 @dataclass(frozen=True)
@@ -66,17 +68,19 @@ class StageWork:
         return self._expand(Phase.BWD, self.bwd_parts)
 
 
-_ITEM_CACHE: dict[tuple[str, str, bool], Item] = {}
+_ITEM_CACHE: dict[tuple[str, str, bool, Operands], Item] = {}
 
 
-def make_item(op: str, sig: str, phase: Phase, allow_tf32: bool, call: OpCall | None = None) -> Item:
-    ck = (op, sig, allow_tf32)
+def make_item(op: str, sig: str, phase: Phase, allow_tf32: bool, call: OpCall | None = None,
+              operands: Operands = Operands.RANDOM) -> Item:
+    ck = (op, sig, allow_tf32, operands)
     it = _ITEM_CACHE.get(ck)
     if it is not None and it.phase == phase:
         return it
     c = call or OpCall.from_json_str(op, sig)
     info = describe(c, allow_tf32)
-    it = Item(call_key(op, sig, info.math_mode), c, info, phase)
+    key, info = with_operands(call_key(op, sig, info.math_mode), info, operands)
+    it = Item(key, c, info, phase)
     if len(_ITEM_CACHE) > 200_000:
         _ITEM_CACHE.clear()
     _ITEM_CACHE[ck] = it
@@ -84,7 +88,7 @@ def make_item(op: str, sig: str, phase: Phase, allow_tf32: bool, call: OpCall | 
 
 
 def _call_item(call: OpCall, phase: Phase, allow_tf32: bool) -> Item:
-    return make_item(call.op, call.to_json_str(), phase, allow_tf32, call)
+    return make_item(call.op, call.to_json_str(), phase, allow_tf32, call)  # optimizer and DDP work: no GEMMs
 
 
 def split_layers(n_layers: int, pp: int) -> list[int]:
@@ -103,6 +107,9 @@ class Composer:
         self.allow_tf32 = allow_tf32
         tl = graph.meta.traced_layers - 1
         self.template_layer = tl
+        # the data the step's GEMMs run on (NaN under pure fp16 with Adam): part of their lookup
+        self.operands = step_operands(graph.meta.setting, graph.meta.optimizer) if graph.meta.setting in \
+            _SETTING_NAMES else Operands.RANDOM
         # Layers of several attention types (sliding and global): one traced template per type, and the
         # stage's layer section is their mean, each operator weighted by its type's share of the layers.
         templates = layer_templates(graph.meta)
@@ -112,7 +119,8 @@ class Composer:
         for o in graph.ops:
             if o.section == Section.LAYER and o.layer not in weight_of:
                 continue
-            sec.setdefault((o.phase, o.section), []).append(make_item(o.op, o.sig, o.phase, allow_tf32))
+            sec.setdefault((o.phase, o.section), []).append(make_item(o.op, o.sig, o.phase, allow_tf32,
+                                                                      operands=self.operands))
             wts.setdefault((o.phase, o.section), []).append(weight_of.get(o.layer, 1.0)
                                                             if o.section == Section.LAYER else 1.0)
         self.sections = sec
