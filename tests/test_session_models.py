@@ -148,3 +148,22 @@ def test_sliding_window_model_graph_counts_layer_types(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     mg = json.loads(r.stdout)["config"]["model_graph"]
     assert mg["layer_types"] == {SLIDING: 2, FULL: 2} and mg["sliding_window"] == 16
+
+
+def test_pure_fp16_with_adam_times_its_gemms_on_nan() -> None:
+    """Pure fp16 with Adam runs on NaN after its first step (eps underflows): its GEMMs, and only its
+    GEMMs, are looked up among NaN-operand measurements; loss scaling, master weights or SGD keep data finite."""
+    from tp_query.engine.compose import make_item
+    from tp_query.engine.graph import Phase
+    from tp_query.schema.ops import Operands, step_operands
+
+    assert step_operands("fp16", "adamw") == Operands.NAN and step_operands("fp16", "adamw_fused") == Operands.NAN
+    for setting, opt in (("fp16", "sgd"), ("amp_fp16", "adamw"), ("mp_fp16", "adamw"), ("bf16", "adamw")):
+        assert step_operands(setting, opt) == Operands.RANDOM
+    mm = '{"a":[{"T":[64,32],"d":"fp16"},{"T":[32,16],"d":"fp16"}]}'
+    plain = make_item("aten.mm.default", mm, Phase.FWD, False)
+    nan = make_item("aten.mm.default", mm, Phase.FWD, False, operands=Operands.NAN)
+    assert nan.key == plain.key + "|nan" and nan.info.features["layout"].endswith(":nan")
+    add = '{"a":[{"T":[64,32],"d":"fp16"},{"T":[64,32],"d":"fp16"}]}'
+    assert make_item("aten.add.Tensor", add, Phase.FWD, False, operands=Operands.NAN).key == \
+        make_item("aten.add.Tensor", add, Phase.FWD, False).key
