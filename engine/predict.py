@@ -630,6 +630,7 @@ class _Assemble:
                                  + "; eager PyTorch cannot keep the GPU busy at this size")
         if self.eng.version_warning:
             self.warnings.append(self.eng.version_warning)
+        self.warnings += [w for w in self.g.meta.extra.get("warnings", []) if w not in self.warnings]
         if self.eng.calibration_source.startswith("default"):
             self.warnings.append(f"host model: {self.eng.calibration_source}")
         if self.req.strict and (sources.get("extrapolated", 0) > 0 or sources.get("miss", 0) > 0):
@@ -637,6 +638,8 @@ class _Assemble:
                                "from extrapolation or misses")
         gb = par.global_batch or par.dp * par.micro_batch
         tokens = gb * self.g.meta.seq_len
+        if self.g.meta.source == "module":  # its own batch of token ids per micro-batch (0 when it has none)
+            tokens = par.dp * par.micro_batches * self.g.meta.micro_batch * self.g.meta.seq_len
         flops = self._flops(total_us, gb)
         return Prediction(
             iteration_ms=total_us / 1e3, breakdown=breakdown, peak_memory_gib=mem.peak_bytes / 2**30, fits=fits,

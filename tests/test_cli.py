@@ -126,3 +126,28 @@ def test_cli_needs_no_click(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code, "predict", "/dev/zero"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_traced_language_model_reports_tokens_and_its_own_dtype(tmp_path: Path, cpu_db: Path) -> None:
+    """A user's LM traced as a module: tokens/s from its [batch, sequence] token ids, and a warning when its
+    parameters are not in the dtype the requested setting implies (transformers builds in the config's)."""
+    mod = tmp_path / "lm.py"
+    mod.write_text(
+        "import torch\n"
+        "class LM(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.e = torch.nn.Embedding(512, 64, dtype=torch.bfloat16)\n"
+        "        self.o = torch.nn.Linear(64, 512, dtype=torch.bfloat16)\n"
+        "    def forward(self, ids):\n"
+        "        return torch.nn.functional.cross_entropy(self.o(self.e(ids)).flatten(0, 1).float(), ids.flatten())\n"
+        "def make():\n    return LM()\n"
+        "def inputs(model):\n    return (torch.randint(0, 512, (4, 128)),)\n")
+    out = tmp_path / "lm.json.gz"
+    r = run_cli("trace", f"{mod}:make", "--inputs", f"{mod}:inputs", "--out", str(out), "--precision", "amp_bf16")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--precision", "amp_bf16", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)
+    assert p["tokens_per_s"] == pytest.approx(4 * 128 / (p["iteration_ms"] / 1e3))
+    assert any("parameters are bf16" in w for w in p["warnings"])

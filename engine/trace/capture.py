@@ -608,6 +608,14 @@ def trace_module(factory: Callable[[], torch.nn.Module], make_inputs: Callable[[
         scaler = torch.amp.GradScaler("cpu") if st.grad_scaler else None
         ac_dtype = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
         inputs = make_inputs(model)
+        warnings: list[str] = []
+        own = sorted({str(dtype_of(p.dtype)) for p in params})
+        if own != [str(st.param_dtype)]:
+            # transformers 5 builds a module in its config's dtype: what runs is what the graph holds
+            warnings.append(f"the module's parameters are {'/'.join(own)}, not the {st.param_dtype} that {setting.value} "
+                            "asks for: the graph is what the module runs")
+        tokens = next((t for t in inputs if isinstance(t, torch.Tensor) and t.dim() == 2
+                       and not t.is_floating_point()), None)
         param_section = {id(p): (Section.BODY, -1) for p in params}
         recs = [ParamRecord(n, tuple(p.shape), str(dtype_of(p.dtype)), Section.BODY) for n, p in model.named_parameters()
                 if p.requires_grad]
@@ -634,8 +642,14 @@ def trace_module(factory: Callable[[], torch.nn.Module], make_inputs: Callable[[
                         layer_bwd_transient_bytes=0, grad_bytes=grad_bytes,
                         opt_peak_bytes=max(cap.window_peak.get("opt", 0) - cap.marks.get("bwd_end", 0), 0),
                         traced_peak_bytes=static + cap.peak, fwd_end_bytes=fwd_end)
-    meta = GraphMeta(source="module", model={"name": name}, setting=setting.value, micro_batch=0, seq_len=0, tp=1,
+    # tokens per step from the first integer [batch, sequence] input (token ids), when there is one
+    mb, seq = (int(tokens.shape[0]), int(tokens.shape[1])) if tokens is not None else (1, 0)
+    if tokens is None:
+        warnings.append("no [batch, sequence] integer input (token ids) among the module's inputs: tokens/s is "
+                        "not defined")
+    meta = GraphMeta(source="module", model={"name": name}, setting=setting.value, micro_batch=mb, seq_len=seq, tp=1,
                      sequence_parallel=False, recompute=False, optimizer=optimizer, traced_layers=0,
                      torch_version=torch.__version__, sdpa_policy=sdpa.POLICY_ID,
-                     extra={"peak_bwd_bytes": static + cap.peak})
+                     extra={"peak_bwd_bytes": static + cap.peak, "warnings": warnings,
+                            "tokens_from": "first [batch, sequence] integer input" if tokens is not None else None})
     return Graph(meta, tuple(cap.records), tuple(recs), mem)
