@@ -7,7 +7,6 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 from tp_query.collector.validate import (
-    LLAMA3_8B,
     _hf_model,
     _iteration,
     convert_fp8_linears,
@@ -15,13 +14,23 @@ from tp_query.collector.validate import (
     make_optimizer,
 )
 
-for setting in sys.argv[1:] or ["bf16", "fp8_tensorwise"]:
-    model = _hf_model(layers_of(LLAMA3_8B, 4), torch.float16 if setting == "fp16" else torch.bfloat16,
-                      torch.device("cuda"))
+# usage: fp8_profile.py SETTING [SETTING ...] [--model NAME --mb N --seq N] (NAME from validate.MODELS)
+args = sys.argv[1:]
+opts = {"--model": "llama3-8b", "--mb": "1", "--seq": "4096", "--layers": "4"}
+for k in list(opts):
+    if k in args:
+        i = args.index(k)
+        opts[k] = args[i + 1]
+        del args[i:i + 2]
+CFG = layers_of(MODELS[opts["--model"]], int(opts["--layers"])) if opts["--layers"] != "0" else MODELS[opts["--model"]]
+DTYPES = {"fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
+for setting in args or ["bf16", "fp8_tensorwise"]:
+    torch.backends.cuda.matmul.allow_tf32 = setting == "tf32"
+    model = _hf_model(CFG, DTYPES.get(setting, torch.bfloat16), torch.device("cuda"))
     if setting.startswith("fp8"):
         convert_fp8_linears(model, setting.split("_")[1])
     opt = make_optimizer("adamw", model)
-    ids = torch.randint(0, 128256, (1, 4096), device="cuda")
+    ids = torch.randint(0, int(CFG["vocab_size"]), (int(opts["--mb"]), int(opts["--seq"])), device="cuda")
     step = functools.partial(_iteration, model, opt, None, ids, None)
     for _ in range(4):
         step()
@@ -61,7 +70,8 @@ for setting in sys.argv[1:] or ["bf16", "fp8_tensorwise"]:
     # the same per input shape, for the operators whose time the engine misses most (device time with
     # children: a max over a transposed view counts the copy it makes)
     for e in sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.device_time_total):
-        if e.key in ("aten::mm", "aten::max", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::abs", "aten::mul",
+        if e.key in ("aten::mm", "aten::addmm", "aten::embedding_dense_backward", "aten::_log_softmax",
+                     "aten::_log_softmax_backward_data", "aten::nll_loss_forward", "aten::add_", "aten::max", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::abs", "aten::mul",
                      "aten::clamp", "aten::reciprocal", "aten::t", "aten::copy_") and e.device_time_total > 300:
             print(f"   shape {e.device_time_total / 1000:7.2f} ms {e.count:5d}x {e.key} {str(e.input_shapes)[:90]}")
     del model, opt, step
