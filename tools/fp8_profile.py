@@ -7,6 +7,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 from tp_query.collector.validate import (
+    MODELS,
     _hf_model,
     _iteration,
     convert_fp8_linears,
