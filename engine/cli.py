@@ -130,6 +130,27 @@ class _Progress:
             self.bar.stop()
 
 
+class _Status:
+    """A spinner on stderr when it is a terminal, for steps of unknown length (tracing a new graph, building
+    the validation study); silent in pipes and logs."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self.status: Any = None
+
+    def __enter__(self) -> _Status:
+        if sys.stderr.isatty():
+            from rich.console import Console
+
+            self.status = Console(stderr=True).status(self.description)
+            self.status.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.status is not None:
+            self.status.stop()
+
+
 def _guard(fn: Any) -> Any:
     from tp_query.engine.compose import PlanError
     from tp_query.engine.db import DatabaseError
@@ -172,7 +193,8 @@ def predict(
     def go() -> None:
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
                        sequence_parallel, zero, recompute, strict, db, framework, pp_schedule, ddp_bucket_view)
-        p = run(req, system=_system(system))
+        with _Status("predicting (a new model or split is traced first: seconds)"):
+            p = run(req, system=_system(system))
         if as_json:
             typer.echo(json.dumps(p.to_json(), indent=1, default=float))
         else:
@@ -209,7 +231,8 @@ def ops(
                        sequence_parallel, zero, recompute, False, db)
         if by not in ("op", "kind", "phase", "layer"):
             raise UserError(f"--by must be op, kind, phase or layer, got {by!r}")
-        p = Engine(req.gpu, req.db_root).predict(req, with_ops=by != "layer")
+        with _Status("predicting (a new model or split is traced first: seconds)"):
+            p = Engine(req.gpu, req.db_root).predict(req, with_ops=by != "layer")
         if by == "layer":
             from tp_query.engine.report import sections_table
 
@@ -361,8 +384,9 @@ def trace(
 
         if recompute not in ("none", "full"):
             raise UserError(f"--recompute must be none or full, got {recompute!r}")
-        g = trace_target(target, inputs, precision, optimizer, seq_len, micro_batch, tp, sequence_parallel,
-                         recompute == "full", framework)
+        with _Status("tracing"):
+            g = trace_target(target, inputs, precision, optimizer, seq_len, micro_batch, tp, sequence_parallel,
+                             recompute == "full", framework)
         g.save(out)
         typer.echo(f"wrote {out}: {len(g.ops)} operators, {len(g.params)} parameters "
                    f"({g.meta.source}, {g.meta.setting})")
@@ -502,7 +526,7 @@ def plot(
     dp: int = 1, tp: int = 1, pp: int = 1,
     seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
     micro_batch: Annotated[int, typer.Option("--micro-batch")] = 1,
-    precision: Annotated[list[str] | None, typer.Option(help="settings to compare (default all six)")] = None,
+    precision: Annotated[list[str] | None, typer.Option(help="settings to compare (default every setting)")] = None,
     kind: Annotated[str, typer.Option(help="latency: operator kind (mm, elementwise, attn_cudnn_fwd, ...)")] = "mm",
     gpu: GpuOpt = "h200",
     db: DbOpt = None,
@@ -518,9 +542,19 @@ def plot(
             from tp_query.engine.api import predict as api_predict
 
             precs = [Setting(p) for p in precision] if precision else list(Setting)
-            labels, parts = P.breakdown_across(
-                [(s.value, api_predict(model, gpu=gpu, db=db, precision=s, dp=dp, tp=tp, pp=pp,
-                                       micro_batch=micro_batch, seq_len=seq_len)) for s in precs])
+            if not precision:
+                import importlib.util
+
+                from tp_query.schema.precision import SETTINGS
+
+                if importlib.util.find_spec("torchao") is None:  # the fp8 settings trace torchao itself
+                    precs = [s for s in precs if not SETTINGS[s].fp8_recipe]
+                    typer.echo("note: fp8_tensorwise and fp8_rowwise left out (pip install torchao==0.18.0)",
+                               err=True)
+            with _Status(f"predicting {len(precs)} settings"):
+                labels, parts = P.breakdown_across(
+                    [(s.value, api_predict(model, gpu=gpu, db=db, precision=s, dp=dp, tp=tp, pp=pp,
+                                           micro_batch=micro_batch, seq_len=seq_len)) for s in precs])
             P.save(P.Chart("bars", f"{model.stem}: one iteration (DP{dp} TP{tp} PP{pp})", "", "ms",
                            labels=labels, parts=parts), out)
         elif what == "latency":
@@ -562,10 +596,12 @@ def report(
         rows = load_rows(validation)
         if not rows:
             raise UserError(f"no validation measurements under {validation} (run `make validate` on a GPU)")
-        study = Study(eng, rows)
+        with _Status(f"assembling {len(rows)} validation cases (traces each new one: minutes)"):
+            study = Study(eng, rows)
         host = eng.host
         if fit:
-            host = study.fit()
+            with _Status("fitting the host model on the calibration split"):
+                host = study.fit()
             if calibration_out is not None:
                 from tp_query.schema import manifest
 
