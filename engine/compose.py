@@ -12,6 +12,7 @@ Semantics (Megatron-LM style; see README "Parallelism semantics"):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -204,15 +205,29 @@ class Composer:
         return [_call_item(OpCall("aten.add_.Tensor", (_spec(p), _spec(p))), Phase.BWD, self.allow_tf32)
                 for p in params]
 
+    def _sub(self, key: tuple[object, ...], build: Any) -> Any:
+        hit = self._stage_cache.get(key)
+        if hit is None:
+            hit = self._stage_cache[key] = build()
+        return hit
+
+    def _bucket_copies(self, params: list[ParamRecord]) -> list[Item]:
+        """DDP's copies of each gradient into its bucket and back (any world size)."""
+        def build() -> list[Item]:
+            out = []
+            for p in params:
+                s = _spec(p)
+                out.append(_call_item(OpCall("aten.copy_.default", (s, s)), Phase.BWD, self.allow_tf32))
+                out.append(_call_item(OpCall("aten.copy_.default", (s, s)), Phase.OPT, self.allow_tf32))
+            return out
+
+        return list(self._sub(("ddp_copies", tuple(params)), build))  # type: ignore[arg-type]
+
     def ddp_items(self, params: list[ParamRecord], dp: int, copies: bool = True,
                   bucket_bytes: int = 25 * 2**20) -> list[Item]:
         """PyTorch DDP: with gradient_as_bucket_view=False (copies) each grad is copied into its bucket and
         back; every bucket is divided by the world size."""
-        out = []
-        for p in params if copies else []:
-            s = _spec(p)
-            out.append(_call_item(OpCall("aten.copy_.default", (s, s)), Phase.BWD, self.allow_tf32))
-            out.append(_call_item(OpCall("aten.copy_.default", (s, s)), Phase.OPT, self.allow_tf32))
+        out = self._bucket_copies(params) if copies else []
         total = sum(p.numel * DType(p.dtype).itemsize for p in params)
         dt = DType(params[0].dtype) if params else DType.FP32
         n_buckets = max(1, math.ceil(total / bucket_bytes))
@@ -252,11 +267,17 @@ class Composer:
                    par.ddp_bucket_view)
             cached = self._stage_cache.get(key)
             if cached is None:
-                params = self.stage_params(first, last, n)
-                cached = (params, self.optimizer_items(params, shards),
-                          self.accumulate_items(params) if key[5] else [],
-                          self.ddp_items(params, par.dp, copies=not par.ddp_bucket_view) if ddp_dp > 1 else [],
-                          sum(p.numel for p in params), sum(p.numel * DType(p.dtype).itemsize for p in params))
+                # each piece once per what it depends on: a search over DP re-uses the parameter list, the
+                # optimizer step (unless ZeRO shards it) and the gradient accumulation
+                base = (self.param_key, first, last, n)
+                params = self._sub(("params", *base), functools.partial(self.stage_params, first, last, n))
+                opt = self._sub(("opt", *base, shards), functools.partial(self.optimizer_items, params, shards))
+                accum = self._sub(("accum", *base), functools.partial(self.accumulate_items, params)) \
+                    if key[5] else []
+                ddp = self._sub(("ddp", *base, par.dp, par.ddp_bucket_view), functools.partial(
+                    self.ddp_items, params, par.dp, copies=not par.ddp_bucket_view)) if ddp_dp > 1 else []
+                cached = (params, opt, accum, ddp, sum(p.numel for p in params),
+                          sum(p.numel * DType(p.dtype).itemsize for p in params))
                 self._stage_cache[key] = cached
             params, opt, accum, ddp, numel, nbytes = cached
             out.append(StageWork(s, first, last, n, fwd_parts, bwd_parts, opt, accum, ddp, params, self, numel,
