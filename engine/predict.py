@@ -143,7 +143,11 @@ def _installed_version(package: str, missing: str) -> str:
 
 def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
     body = json.dumps({"spec": spec.to_dict(), **_trace_fields(req), "v": TRACE_VERSION, "torch": _installed_version("torch", "none"),
-                       "project": _installed_version("tp-query", "source")}, sort_keys=True)
+                       "project": _installed_version("tp-query", "source"),
+                       # transformers-built families and torchao's fp8 are whatever version is installed
+                       "transformers": _installed_version("transformers", "none") if spec.builder.value == "hf" else "",
+                       "torchao": _installed_version("torchao", "none") if "fp8" in req.setting.value else ""},
+                      sort_keys=True)
     return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,20 @@ def test_a_traced_language_model_reports_tokens_and_its_own_dtype(tmp_path: Path
     p = json.loads(r.stdout)
     assert p["tokens_per_s"] == pytest.approx(4 * 128 / (p["iteration_ms"] / 1e3))
     assert any("parameters are bf16" in w for w in p["warnings"])
+
+
+def test_a_family_without_transformers_is_one_line(tmp_path: Path) -> None:
+    """Families built from transformers' modules need it installed: without it, one line saying what to
+    install and exit code 2 (not a traceback)."""
+    import subprocess
+    import sys
+
+    from .conftest import TINY_FAMILIES
+
+    cfg = tmp_path / "qwen3.json"
+    cfg.write_text(json.dumps(TINY_FAMILIES["qwen3"]))
+    code = ("import sys; sys.modules['transformers'] = None; from tp_query.engine.cli import main; "
+            f"sys.argv = ['tp-query', 'predict', {str(cfg)!r}, '--seq-len', '64']; main()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TP_QUERY_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 2 and "transformers==5.17.0" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -553,6 +553,15 @@ def trace_config(req: TraceRequest) -> Graph:
     # named_parameters() lists a tied LM head once, under the embedding
     grad_bytes = sum(rounded(p.numel * torch_dtype(p.dtype).itemsize) for p in records_params)
     extra: dict[str, Any] = {"trace_s": round(time.perf_counter() - t0, 3), "framework": req.framework}
+    if req.spec.builder.value == "hf":
+        import transformers
+
+        from .hf_models import MODELLED_TRANSFORMERS
+
+        extra["transformers"] = transformers.__version__
+        if transformers.__version__ != MODELLED_TRANSFORMERS:
+            extra["warnings"] = [f"traced with transformers {transformers.__version__}; the database's families were "
+                                 f"validated with {MODELLED_TRANSFORMERS} (other versions may dispatch other operators)"]
     if spec_t.layer_types:
         extra["traced_layer_types"] = list(spec_t.layer_types)
     meta = GraphMeta(

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from tp_query.schema.model_config import ArchFamily, ModelSpec
+from tp_query.schema.model_config import ArchFamily, ConfigError, ModelSpec
 
 from .models import Shard, TPRegion, _ReduceFromTP, _ScatterSP, causal_lm_loss, packed_sequence_check
 
@@ -38,6 +38,19 @@ class UnsupportedSplit(ValueError):
 
 def _attn_attr(layer: nn.Module) -> nn.Module:
     return cast(nn.Module, layer.self_attn if hasattr(layer, "self_attn") else layer.attention)
+
+
+MODELLED_TRANSFORMERS = "5.17.0"  # the version whose modules the validation measured
+
+
+def _transformers() -> Any:
+    """transformers itself, or a one-line refusal saying how to get the version these graphs model."""
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(f"this family is traced through transformers' own modules: pip install "
+                          f"'transformers=={MODELLED_TRANSFORMERS}' (or tp-query[trace])") from None
+    return transformers
 
 
 def quiet_imports() -> None:
@@ -93,7 +106,7 @@ def _patch_grouped_mm_cuda_path() -> None:
 def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     """transformers' config of the module one rank runs (layers as `spec.num_layers` / layer_types)."""
     quiet_imports()
-    from transformers import AutoConfig
+    AutoConfig = _transformers().AutoConfig
 
     cfg = json.loads(spec.hf_config)
     cfg["num_hidden_layers"] = spec.num_layers
@@ -125,7 +138,7 @@ class HFCausalLM(nn.Module):
     def __init__(self, spec: ModelSpec, shard: Shard) -> None:
         super().__init__()
         quiet_imports()
-        from transformers import AutoModelForCausalLM
+        AutoModelForCausalLM = _transformers().AutoModelForCausalLM
 
         _patch_packed_check()
         if spec.is_moe:
