@@ -232,10 +232,8 @@ class Composer:
         dt = DType(params[0].dtype) if params else DType.FP32
         n_buckets = max(1, math.ceil(total / bucket_bytes))
         per = max(1, total // n_buckets // dt.itemsize)
-        for _ in range(n_buckets):
-            out.append(_call_item(OpCall("aten.div_.Scalar", (TensorSpec((per,), dt), dp)), Phase.BWD,
-                                  self.allow_tf32))
-        return out
+        div = _call_item(OpCall("aten.div_.Scalar", (TensorSpec((per,), dt), dp)), Phase.BWD, self.allow_tf32)
+        return out + [div] * n_buckets  # one call per bucket, all alike
 
     # -- stages -------------------------------------------------------------------------------
     def stages(self, par: ParallelConfig) -> list[StageWork]:

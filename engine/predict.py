@@ -237,6 +237,9 @@ class Engine:
         self.stage_times: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._stage_lists: dict[tuple[object, ...], Any] = {}
         self.item_segments: dict[tuple[int, int, str, int], Segment] = {}
+        # per TP degree: (call key, phase) -> the raw row of one operator (latencies, comm, flags, source)
+        self.item_rows: dict[int, dict[tuple[str, Phase], tuple[float, float, float, bool, int, float, bool,
+                                                                Source]]] = {}
         self.segment_flops: dict[int, float] = {}
         self.dp_overheads: dict[tuple[Any, ...], float] = {}
 
@@ -430,14 +433,16 @@ class SegmentCache:
         return e.us, e.source
 
     def _segment(self, items: list[Item], weight: np.ndarray | None = None) -> Segment:
-        qs = {it.key: Query(it.key, it.call.op, it.info) for it in items if not it.call.op.startswith("comm.")}
-        est = self.eng.latency.estimate(list(qs.values()))
+        # one row per distinct (call, phase) for the engine's life: search and new DP sizes re-use them
+        cache = self.eng.item_rows.setdefault(self.tp, {})
+        qs = {it.key: Query(it.key, it.call.op, it.info) for it in items
+              if not it.call.op.startswith("comm.") and (it.key, it.phase) not in cache}
+        est = self.eng.latency.estimate(list(qs.values())) if qs else {}
         n = len(items)
         cold, warm, comm_us = np.zeros(n), np.zeros(n), np.zeros(n)
         is_comm, sync = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         phase, tensors = np.zeros(n, dtype=np.int64), np.zeros(n)
         src_codes = np.zeros(n, dtype=np.int64)
-        cache: dict[tuple[str, Phase], tuple[float, float, float, bool, int, float, bool, Source]] = {}
         for i, it in enumerate(items):
             c = cache.get((it.key, it.phase))
             if c is None:
