@@ -116,6 +116,7 @@ class OpCall:
     args: tuple[ArgValue, ...]
     kwargs: tuple[tuple[str, ArgValue], ...] = ()
     _json: str = field(default="", compare=False, repr=False)
+    _tensors: tuple[TensorSpec, ...] | None = field(default=None, compare=False, repr=False)
 
     def to_json_str(self) -> str:
         if self._json:
@@ -141,9 +142,12 @@ class OpCall:
         return default
 
     def tensors(self) -> Iterator[TensorSpec]:
-        """Every tensor argument, lists flattened, in argument order."""
-        for v in list(self.args) + [v for _, v in self.kwargs]:
-            yield from _iter_tensors(v)
+        """Every tensor argument, lists flattened, in argument order (found once per call: optimizer
+        calls carry hundreds)."""
+        if self._tensors is None:
+            found = tuple(t for v in list(self.args) + [v for _, v in self.kwargs] for t in _iter_tensors(v))
+            object.__setattr__(self, "_tensors", found)
+        return iter(self._tensors)  # type: ignore[arg-type]
 
     def device_tensors(self) -> list[TensorSpec]:
         return [t for t in self.tensors() if not t.host]
