@@ -287,7 +287,9 @@ def _spec(p: ParamRecord) -> TensorSpec:
     return TensorSpec(tuple(p.shape), DType(p.dtype))
 
 
+@functools.lru_cache(maxsize=65536)
 def _shard(t: TensorSpec, n: int) -> TensorSpec:
+    """One rank's flat 1/n of a tensor (ZeRO); the same spec object for the same (tensor, n)."""
     if n <= 1 or t.host or not t.shape:
         return t
     return TensorSpec((math.ceil(t.numel / n),), t.dtype)
