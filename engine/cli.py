@@ -153,7 +153,7 @@ class _Status:
 
 def _guard(fn: Any) -> Any:
     from tp_query.engine.compose import PlanError
-    from tp_query.engine.db import DatabaseError
+    from tp_query.engine.dbcache import DatabaseError
     from tp_query.engine.predict import PredictError
 
     try:

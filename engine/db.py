@@ -21,23 +21,7 @@ from tp_query.schema import manifest
 from tp_query.schema.gpus import GPUS
 from tp_query.schema.tables import METADATA_KEY, SCHEMA_VERSION
 
-
-class DatabaseError(RuntimeError):
-    """Missing or unusable profile data (one line for the user)."""
-
-
-DB_ENV = "TP_QUERY_DB"
-
-
-def default_root() -> Path | str:
-    """Where databases live unless --db says: $TP_QUERY_DB (a folder or s3:// prefix), else data/ beside the
-    engine: the checkout's data/ folder, or the copy shipped inside the installed package (tp_query/data)."""
-    import os
-
-    env = os.environ.get(DB_ENV)
-    if env:
-        return env if "://" in env else Path(env)
-    return Path(__file__).resolve().parent.parent / "data"
+from .dbcache import DB_ENV, DatabaseError, default_root  # noqa: F401 - part of this module's interface
 
 
 def available_gpus(root: Path) -> list[str]:

@@ -25,7 +25,7 @@ from tp_query.schema.system import SystemSpec
 
 from .comm import CommModel
 from .compose import Composer, Item, StageWork
-from .db import Database
+from .dbcache import DbSnapshot
 from .flops import megatron_model_flops, parameter_count
 from .framework import (
     INTERLEAVED_CHUNKS,
@@ -218,7 +218,7 @@ class Engine:
             self.gpu: GpuSpec = gpu_spec(gpu)
         except ValueError as e:
             raise PredictError(str(e)) from None
-        self.db = Database(self.gpu.name, db_root)
+        self.db = DbSnapshot(self.gpu.name, db_root)  # no DuckDB when a snapshot of this database exists
         self.latency = LatencyModel(self.db, self.gpu)
         self.host = self._host_model(db_root)
         if system is not None and system.gpu != self.gpu.name:
@@ -291,10 +291,7 @@ class Engine:
         return self._optional_table("comm")
 
     def _optional_table(self, view: str) -> list[dict[str, Any]]:
-        try:
-            return self.db.sql(f"SELECT * FROM {view}").to_pylist()
-        except Exception:
-            return []
+        return self.db.optional_table(view)
 
     def predict(self, req: PredictRequest, graph: Graph | None = None, with_ops: bool = False) -> Prediction:
         return self.assemble(req, graph, with_ops).run()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
-from .db import DbInfo
 from .predict import OpRow, Prediction
+
+if TYPE_CHECKING:  # the prediction path reads no DuckDB or Arrow when its database snapshot is warm
+    import pyarrow as pa
+
+    from .db import DbInfo
 
 
 def text_table(headers: list[str], rows: list[list[Any]], right: set[int] | None = None,

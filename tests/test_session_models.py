@@ -167,3 +167,27 @@ def test_pure_fp16_with_adam_times_its_gemms_on_nan() -> None:
     add = '{"a":[{"T":[64,32],"d":"fp16"},{"T":[64,32],"d":"fp16"}]}'
     assert make_item("aten.add.Tensor", add, Phase.FWD, False, operands=Operands.NAN).key == \
         make_item("aten.add.Tensor", add, Phase.FWD, False).key
+
+
+def test_database_snapshot_answers_without_duckdb_and_never_stale(cpu_db: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second engine on the same database reads its snapshot (no DuckDB connection) and predicts the
+    same; a changed file is caught by the manifest check before any snapshot is read."""
+    import shutil
+
+    from tp_query.engine.dbcache import DatabaseError
+
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "db"
+    shutil.copytree(cpu_db / "cpu", root / "cpu")
+    first = Engine("cpu", str(root)).predict(_req(dp=2))
+    eng2 = Engine("cpu", str(root))
+    second = eng2.predict(_req(dp=2))
+    assert eng2.db._db is None  # answered from the snapshot
+    assert second.iteration_ms == first.iteration_ms and second.peak_memory_gib == first.peak_memory_gib
+    victim = sorted((root / "cpu" / "ops").glob("*.parquet"))[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(DatabaseError, match="checksum mismatch"):
+        Engine("cpu", str(root))

@@ -1,0 +1,140 @@
+"""What the engine reads from a local database, kept per database fingerprint so that a process with
+warm caches answers without DuckDB.
+
+The fingerprint is the database's manifest (every file's size and SHA-256) with the GPU, the project
+version and the reading code's own file. Each process still checks every file against the manifest (checksums: a few ms);
+only the reads derived from those exact bytes come from the snapshot, and a snapshot is only ever
+written from a `Database` that passed its full validation (manifest, provenance, unique keys). A changed,
+added or missing file changes or fails the check, never a stale answer. Snapshots are JSON (no code runs
+when one is read). Object-storage databases are read directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tp_query.schema import manifest
+
+SNAPSHOT_VERSION = 1
+DB_ENV = "TP_QUERY_DB"
+
+
+def default_root() -> Path | str:
+    """Where databases live unless --db says: $TP_QUERY_DB (a folder or s3:// prefix), else data/ beside the
+    engine: the checkout's data/ folder, or the copy shipped inside the installed package (tp_query/data)."""
+    import os
+
+    env = os.environ.get(DB_ENV)
+    if env:
+        return env if "://" in env else Path(env)
+    return Path(__file__).resolve().parent.parent / "data"
+
+
+class DatabaseError(RuntimeError):
+    """Missing or unusable profile data (one line for the user)."""
+
+
+_READER = Path(__file__).with_name("db.py")  # the code that derives what a snapshot holds
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("TP_QUERY_CACHE", Path.home() / ".cache" / "tp-query")) / "db"
+
+
+def _project_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tp-query")
+    except PackageNotFoundError:
+        return "source"
+
+
+class DbSnapshot:
+    """The engine's reads of one GPU's database: from the snapshot when its fingerprint matches, else from
+    a fully validated `Database` (created on first need), saved for the next process."""
+
+    def __init__(self, gpu: str, root: Path | str | None = None) -> None:
+        self.gpu = gpu
+        self.root = str(root) if root is not None else str(default_root())
+        self._db: Any = None
+        self._dir: Path | None = None
+        base = Path(self.root) / gpu
+        remote = self.root.startswith(("s3://", "http://", "https://"))
+        if remote or not (base / manifest.MANIFEST_NAME).is_file():
+            self.database  # noqa: B018 - validates now and says why it cannot open, as before
+            return
+        try:
+            manifest.verify(base, gpu)  # every process: the files are the bytes the manifest records
+        except manifest.ManifestError as e:
+            raise DatabaseError(str(e)) from None
+        body = (base / manifest.MANIFEST_NAME).read_bytes()
+        h = hashlib.blake2b(digest_size=12)
+        reader = _READER.stat()
+        for part in (body, gpu.encode(), str(SNAPSHOT_VERSION).encode(), _project_version().encode(),
+                     f"{reader.st_size}:{reader.st_mtime_ns}".encode()):
+            h.update(part)
+            h.update(b"|")
+        self._dir = _cache_root() / h.hexdigest()
+
+    @property
+    def database(self) -> Any:
+        """The DuckDB-backed database, validated in full (created at most once)."""
+        if self._db is None:
+            from .db import Database
+
+            self._db = Database(self.gpu, self.root)
+        return self._db
+
+    def _get(self, name: str, read: Callable[[Any], Any]) -> Any:
+        if self._dir is None:
+            return read(self.database)
+        path = self._dir / f"{name}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+        value = read(self.database)
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(value, separators=(",", ":"), default=str))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only cache only costs the next process the DuckDB reads
+        return value
+
+    # -- what the engine reads ----------------------------------------------------------------
+    def exact_all(self) -> dict[str, tuple[float, float | None]]:
+        raw = self._get("exact", lambda db: {k: list(v) for k, v in db.exact_all().items()})
+        return {k: (v[0], v[1]) for k, v in raw.items()}
+
+    def family_rows(self, family: str, columns: list[str]) -> list[dict[str, Any]]:
+        tag = hashlib.blake2b(",".join(columns).encode(), digest_size=6).hexdigest()
+        return self._get(f"family-{family}-{tag}",  # type: ignore[no-any-return]
+                         lambda db: db.family_rows(family, columns))
+
+    def software_versions(self) -> list[dict[str, Any]]:
+        return self._get("versions", lambda db: db.software_versions())  # type: ignore[no-any-return]
+
+    def optional_table(self, view: str) -> list[dict[str, Any]]:
+        """A whole view (comm, overlap, framework), or nothing when the database has none."""
+        def read(db: Any) -> list[dict[str, Any]]:
+            try:
+                return [{k: v for k, v in r.items()} for r in db.sql(f"SELECT * FROM {view}").to_pylist()]
+            except Exception:
+                return []
+
+        return self._get(f"table-{view}", read)  # type: ignore[no-any-return]
+
+    # -- everything else goes to the database itself ------------------------------------------
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> Any:
+        return self.database.sql(query, params)
+
+    def info(self) -> Any:
+        return self.database.info()
