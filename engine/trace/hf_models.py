@@ -7,8 +7,8 @@ included. Only the parts a split changes are ours:
 - tensor parallelism shards through the config (heads, KV heads, FFN, expert FFN, vocabulary divided
   by TP, head_dim kept), with Megatron's communication points recorded by hooks where each attention
   and MLP block enters and leaves the TP region (sequence parallel: all-gather / reduce-scatter);
-- the embedding is vocab-parallel under TP and the loss is the LM head plus (TP>1) Megatron's
-  vocab-parallel cross-entropy, as in the native builder;
+- the embedding is vocab-parallel under TP and the loss is the LM head plus, under TP, the loss as
+  PyTorch's `loss_parallel` computes it, as in the native builder;
 - a traced model holds one layer of each attention type (`ModelSpec.traced_layer_types`).
 
 tests/test_trace_families.py checks the TP=1 graphs against transformers' own CausalLM.

@@ -3,8 +3,9 @@ transformers 5.17 (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2L
 SDPA attention), so that a trace dispatches what a user's HF training step dispatches.
 
 A `Shard` turns the full model into the slice one GPU runs under Megatron-style tensor parallelism:
-heads, KV heads, FFN and vocabulary divided by TP, a vocab-parallel embedding and cross-entropy,
-and (with sequence parallelism) norms and residuals on seq/TP tokens. Communication is not run;
+heads, KV heads, FFN and vocabulary divided by TP, a vocab-parallel embedding, the loss as PyTorch's
+`loss_parallel` computes it on vocab-sharded logits, and (with sequence parallelism) norms and
+residuals on seq/TP tokens. Communication is not run;
 it is recorded as `comm.*` records through `emit_comm`, at the points Megatron-LM communicates.
 tests/test_trace_hf.py checks the TP=1 graphs against transformers itself.
 """
@@ -401,45 +402,6 @@ def _vocab_parallel_embedding(emb: nn.Embedding, input_ids: torch.Tensor, shard:
     if shard.sequence_parallel:
         return _ScatterSP.apply(out, shard.tp)
     return _ReduceFromTP.apply(out)
-
-
-class _VocabParallelCE(torch.autograd.Function):
-    """Megatron's vocab_parallel_cross_entropy (forward and hand-written backward), fp32 logits."""
-
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        logits_max = torch.max(logits, dim=-1)[0]
-        emit_comm("all_reduce", logits_max)
-        logits = logits - logits_max.unsqueeze(dim=-1)
-        vocab = logits.shape[-1]
-        target_mask = (target < 0) | (target >= vocab)
-        masked_target = target.clone()
-        masked_target[target_mask] = 0
-        logits_2d = logits.view(-1, vocab)
-        masked_target_1d = masked_target.view(-1)
-        arange_1d = torch.arange(start=0, end=logits_2d.size()[0], device=logits_2d.device)
-        predicted = logits_2d[arange_1d, masked_target_1d].clone().contiguous().view_as(target)
-        predicted[target_mask] = 0.0
-        emit_comm("all_reduce", predicted)
-        exp_logits = torch.exp(logits)
-        sum_exp_logits = exp_logits.sum(dim=-1)
-        emit_comm("all_reduce", sum_exp_logits)
-        loss = torch.log(sum_exp_logits) - predicted
-        exp_logits.div_(sum_exp_logits.unsqueeze(dim=-1))
-        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
-        return loss
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
-        softmax, target_mask, masked_target_1d = ctx.saved_tensors
-        vocab = softmax.size()[-1]
-        grad_input = softmax
-        grad_2d = grad_input.view(-1, vocab)
-        arange_1d = torch.arange(start=0, end=grad_2d.size()[0], device=grad_2d.device)
-        softmax_update = 1.0 - target_mask.view(-1).float()
-        grad_2d[arange_1d, masked_target_1d] -= softmax_update
-        grad_input.mul_(grad_output.unsqueeze(dim=-1))
-        return grad_input, None
 
 
 class _LossParallelCE(torch.autograd.Function):
