@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from tp_query.engine.trace.fp8 import convert_fp8
 from tp_query.engine.trace.torchargs import encode_call, torch_dtype
-from tp_query.schema.precision import SETTINGS, Setting, fp8_linear_filter
+from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.tables import OPLOG_SCHEMA, VALIDATION_SCHEMA
 
 from .device import Device
@@ -241,15 +242,6 @@ def default_cases() -> list[Case]:
 
 # ---------------------------------------------------------------------------------------------
 
-def convert_fp8_linears(model: torch.nn.Module, recipe: str) -> None:
-    """torchao float8 training (eager) on the Linear layers `fp8_linear_filter` selects (not the LM head)."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
-                               module_filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear)
-                               and fp8_linear_filter(fqn, m.in_features, m.out_features))
-
-
 def _hf_model(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -460,7 +452,7 @@ def run_case(case: Case, device: Device, *, min_iters: int = 6, max_iters: int =
     try:
         model = _hf_model(case.config, torch_dtype(st.param_dtype), dev)
         if st.fp8_recipe:
-            convert_fp8_linears(model, st.fp8_recipe)
+            convert_fp8(model, st.fp8_recipe)
         opt = make_optimizer(case.optimizer, model)
         scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
         vocab = int(case.config["vocab_size"])
@@ -530,7 +522,7 @@ def run_oplog(cases: list[Case], path: Path, device: Device) -> int:
         try:
             model = _hf_model(c.config, torch_dtype(st.param_dtype), device.torch_device)
             if st.fp8_recipe:
-                convert_fp8_linears(model, st.fp8_recipe)
+                convert_fp8(model, st.fp8_recipe)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
             ids = torch.randint(0, int(c.config["vocab_size"]), (c.micro_batch, c.seq_len), device=device.torch_device)

@@ -34,11 +34,12 @@ from tp_query.engine.graph import (
     layer_templates,
 )
 from tp_query.schema.model_config import ModelSpec
-from tp_query.schema.precision import SETTINGS, Setting, fp8_linear_filter
+from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
 
 from . import autocast_cuda
 from . import cuda_composites as sdpa
+from .fp8 import convert_fp8
 from .models import COMM_SINK, Shard, build_model, section_modules
 from .torchargs import dtype_of, encode_call, torch_dtype
 
@@ -180,20 +181,6 @@ CUDA_OUTPUT_FIXUPS: dict[str, Callable[[tuple[Any, ...], Any], Any]] = {
 
 
 _PLAIN_TYPES = (torch.Tensor, FakeTensor, torch.nn.Parameter)
-
-
-def convert_fp8(model: torch.nn.Module, recipe: str) -> None:
-    """torchao float8 training on the model's Linear layers (`fp8_linear_filter`), as users convert."""
-    from .hf_models import quiet_imports
-
-    quiet_imports()
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError:
-        raise TraceError("the fp8 settings trace torchao's float8 training: pip install torchao==0.18.0") from None
-    cfg = Float8LinearConfig.from_recipe_name(recipe)
-    convert_to_float8_training(model, config=cfg, module_filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear)
-                               and fp8_linear_filter(fqn, m.in_features, m.out_features))
 
 
 class _Recorder(TorchDispatchMode):
@@ -487,7 +474,11 @@ def trace_config(req: TraceRequest) -> Graph:
     with FakeTensorMode(allow_non_fake_inputs=False):
         model = _construct(lambda: build_model(spec_t, shard, req.framework), torch_dtype(st.param_dtype))
         if st.fp8_recipe:
-            convert_fp8(model, st.fp8_recipe)
+            try:
+                convert_fp8(model, st.fp8_recipe)
+            except ImportError:
+                raise TraceError("the fp8 settings trace torchao's float8 training: pip install torchao==0.18.0"
+                                 ) from None
         params = [p for p in model.parameters()]
         opt: Any
         if req.framework == "megatron":

@@ -10,12 +10,12 @@ from tp_query.collector.validate import (
     MODELS,
     _hf_model,
     _iteration,
-    convert_fp8_linears,
     layers_of,
     make_optimizer,
 )
+from tp_query.engine.trace.fp8 import convert_fp8
 
-# usage: fp8_profile.py SETTING [SETTING ...] [--model NAME --mb N --seq N] (NAME from validate.MODELS)
+# usage: step_profile.py SETTING [SETTING ...] [--model NAME --mb N --seq N] (NAME from validate.MODELS)
 args = sys.argv[1:]
 opts = {"--model": "llama3-8b", "--mb": "1", "--seq": "4096", "--layers": "4"}
 for k in list(opts):
@@ -29,7 +29,7 @@ for setting in args or ["bf16", "fp8_tensorwise"]:
     torch.backends.cuda.matmul.allow_tf32 = setting == "tf32"
     model = _hf_model(CFG, DTYPES.get(setting, torch.bfloat16), torch.device("cuda"))
     if setting.startswith("fp8"):
-        convert_fp8_linears(model, setting.split("_")[1])
+        convert_fp8(model, setting.split("_")[1])
     opt = make_optimizer("adamw", model)
     ids = torch.randint(0, int(CFG["vocab_size"]), (int(opts["--mb"]), int(opts["--seq"])), device="cuda")
     step = functools.partial(_iteration, model, opt, None, ids, None)
