@@ -156,22 +156,22 @@ FP8_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
 FP8_SETTINGS = ("fp8_tensorwise", "fp8_rowwise")
 
 
-def fp8_cases() -> list[Case]:
+def held_out_cases(table: dict[str, tuple[dict[str, Any], int, int, int]], settings: tuple[str, ...]) -> list[Case]:
+    """name -> (config, layers kept, micro-batch, sequence), in each setting: held-out cases."""
     out = []
-    for name, (cfg, layers, mb, seq) in FP8_CASES.items():
+    for name, (cfg, layers, mb, seq) in table.items():
         model = f"{name}-L{layers}"
-        for s in FP8_SETTINGS:
+        for s in settings:
             out.append(Case(f"{model}-mb{mb}-s{seq}-{s}", model, layers_of(cfg, layers), s, mb, seq, "holdout"))
     return out
+
+
+def fp8_cases() -> list[Case]:
+    return held_out_cases(FP8_CASES, FP8_SETTINGS)
 
 
 def family_cases() -> list[Case]:
-    out = []
-    for name, (cfg, layers, mb, seq) in FAMILY_CASES.items():
-        model = f"{name}-L{layers}"
-        for s in FAMILY_SETTINGS:
-            out.append(Case(f"{model}-mb{mb}-s{seq}-{s}", model, layers_of(cfg, layers), s, mb, seq, "holdout"))
-    return out
+    return held_out_cases(FAMILY_CASES, FAMILY_SETTINGS)
 
 
 MODELS: dict[str, dict[str, Any]] = {
