@@ -45,32 +45,31 @@ def balanced_offsets(total: int, groups: int, device: torch.device) -> torch.Ten
     return torch.tensor(ends, dtype=torch.int32, device=device)
 
 
-def _grouped(call: OpCall, device: torch.device) -> Callable[[], Any]:
-    op = resolve_op(call.op)
-    args, kwargs = materialize(call, device)
+def _with_balanced_offsets(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device
+                           ) -> tuple[list[Any], dict[str, Any]]:
+    """A grouped GEMM's offsets cutting its jagged dimension into equal groups."""
     a, b = args[0], args[1]
-    groups = b.shape[0] if (a.dim() == 2 and b.dim() == 3) else int(args[2].shape[0])
+    offs = kwargs["offs"] if "offs" in kwargs else args[2]
+    groups = b.shape[0] if (a.dim() == 2 and b.dim() == 3) else int(offs.shape[0])
     jagged = a.shape[0] if b.dim() == 3 else a.shape[1]
-    args = [a, b, balanced_offsets(jagged, groups, device), *args[3:]]
+    new = [a, b, balanced_offsets(jagged, groups, device), *args[3:]]
     if "offs" in kwargs:
-        kwargs = {**kwargs, "offs": args.pop(2)}
-    return lambda: op(*args, **kwargs)
+        kwargs = {**kwargs, "offs": new.pop(2)}
+    return new, kwargs
 
 
 def build(call: OpCall, device: torch.device, operands: Operands = Operands.RANDOM) -> Callable[[], Any]:
-    """A zero-argument closure that runs `call` once on `device` with persistent inputs."""
+    """A zero-argument closure that runs `call` once on `device` with persistent inputs (NaN operands:
+    every floating input NaN, after the kind's own input rule)."""
     kind = REGISTRY.for_op(call.op)
+    if kind.input_rule == InputRule.FROM_FORWARD:
+        return _attention_backward(call, device)
+    op = resolve_op(call.op)
+    args, kwargs = materialize(call, device)
+    if kind.input_rule == InputRule.GROUP_OFFSETS:
+        args, kwargs = _with_balanced_offsets(args, kwargs, device)
     if operands == Operands.NAN:
-        op = resolve_op(call.op)
-        args, kwargs = materialize(call, device)
         for a in args:
             if isinstance(a, torch.Tensor) and a.is_floating_point():
                 a.fill_(float("nan"))
-        return lambda: op(*args, **kwargs)
-    if kind.input_rule == InputRule.FROM_FORWARD:
-        return _attention_backward(call, device)
-    if kind.input_rule == InputRule.GROUP_OFFSETS:
-        return _grouped(call, device)
-    op = resolve_op(call.op)
-    args, kwargs = materialize(call, device)
     return lambda: op(*args, **kwargs)

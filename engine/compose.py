@@ -19,13 +19,11 @@ from typing import Any
 
 import numpy as np
 from tp_query.schema.ops import CallInfo, Operands, describe, step_operands, with_operands
-from tp_query.schema.precision import DType, Setting
+from tp_query.schema.precision import DType
 from tp_query.schema.signature import OpCall, TensorSpec, call_key
 
 from .graph import Graph, OpRecord, ParamRecord, Phase, Section, layer_templates
 from .parallel import ParallelConfig, PlanError
-
-_SETTING_NAMES = {s.value for s in Setting}
 
 
 @dataclass(frozen=True)
@@ -109,8 +107,7 @@ class Composer:
         tl = graph.meta.traced_layers - 1
         self.template_layer = tl
         # the data the step's GEMMs run on (NaN under pure fp16 with Adam): part of their lookup
-        self.operands = step_operands(graph.meta.setting, graph.meta.optimizer) if graph.meta.setting in \
-            _SETTING_NAMES else Operands.RANDOM
+        self.operands = step_operands(graph.meta.setting, graph.meta.optimizer)
         # Layers of several attention types (sliding and global): one traced template per type, and the
         # stage's layer section is their mean, each operator weighted by its type's share of the layers.
         templates = layer_templates(graph.meta)

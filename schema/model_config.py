@@ -271,7 +271,7 @@ def _parse_gpt2(cfg: dict[str, Any], name: str, family: ArchFamily, model_type: 
     )
 
 
-# Per family: (hidden activation keys, default; rotary, whether attention biases are forced; tied default)
+# Where a family differs from Llama: the config key(s) of the activation, its default, and tied embeddings by default
 _ACT_KEYS = {ArchFamily.GEMMA2: ("hidden_activation", "hidden_act"), ArchFamily.GEMMA3: ("hidden_activation", "hidden_act")}
 _ACT_DEFAULT = {ArchFamily.GEMMA2: "gelu_pytorch_tanh", ArchFamily.GEMMA3: "gelu_pytorch_tanh",
                 ArchFamily.GPT_NEOX: "gelu"}

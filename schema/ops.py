@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from .precision import DType, Precision, op_precision
+from .precision import SETTINGS, DType, Precision, Setting, op_precision
 from .signature import OpCall, Scalar, TensorSpec, contiguous_strides
 
 
@@ -1084,8 +1084,6 @@ class Operands(StrEnum):
 
 def step_operands(setting: str, optimizer: str) -> Operands:
     """The operands a training step's GEMMs see in steady state."""
-    from .precision import SETTINGS, DType, Setting
-
     st = SETTINGS[Setting(setting)]
     pure_fp16 = (st.param_dtype == DType.FP16 and st.autocast_dtype is None and not st.grad_scaler
                  and not st.master_weights)
