@@ -49,6 +49,24 @@ def tiny_llama_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
+def trace_hf_causal_lm(hf_config: object, vocab: int, setting: object, mb: int, seq: int) -> object:
+    """transformers' own CausalLM training step (forward with labels, backward, AdamW) traced as a user's
+    module: the reference the graph builders are compared with."""
+    import torch
+    from tp_query.engine.trace.capture import trace_module
+    from transformers import AutoModelForCausalLM
+
+    class Wrap(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
+
+        def forward(self, ids):  # type: ignore[no-untyped-def]
+            return self.m(input_ids=ids, labels=ids, use_cache=False).loss
+
+    return trace_module(Wrap, lambda m: (torch.randint(0, vocab, (mb, seq)),), setting)  # type: ignore[arg-type]
+
+
 def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tp_query.engine.cli", *args], capture_output=True, text=True,
                           cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600)

@@ -70,6 +70,14 @@ def test_missing_model_file(cpu_db: Path) -> None:
     assert r.returncode == 2 and "not found" in r.stderr
 
 
+def _trace(mod: Path, precision: str) -> Path:
+    """`tp-query trace file.py:make --inputs file.py:inputs`: the graph file it writes."""
+    out = mod.with_suffix(".json.gz")
+    r = run_cli("trace", f"{mod}:make", "--inputs", f"{mod}:inputs", "--out", str(out), "--precision", precision)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
 def test_trace_a_user_module(tmp_path: Path, cpu_db: Path) -> None:
     mod = tmp_path / "mymodel.py"
     mod.write_text(
@@ -83,9 +91,7 @@ def test_trace_a_user_module(tmp_path: Path, cpu_db: Path) -> None:
         "        return self.b(torch.relu(self.a(x))).square().mean()\n"
         "def make():\n    return Net()\n"
         "def inputs(model):\n    return (torch.randn(32, 64),)\n")
-    out = tmp_path / "g.json.gz"
-    r = run_cli("trace", f"{mod}:make", "--inputs", f"{mod}:inputs", "--out", str(out), "--precision", "fp32")
-    assert r.returncode == 0, r.stderr
+    out = _trace(mod, "fp32")
     r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["iteration_ms"] > 0
@@ -144,9 +150,7 @@ def test_a_traced_language_model_reports_tokens_and_its_own_dtype(tmp_path: Path
         "        return torch.nn.functional.cross_entropy(self.o(self.e(ids)).flatten(0, 1).float(), ids.flatten())\n"
         "def make():\n    return LM()\n"
         "def inputs(model):\n    return (torch.randint(0, 512, (4, 128)),)\n")
-    out = tmp_path / "lm.json.gz"
-    r = run_cli("trace", f"{mod}:make", "--inputs", f"{mod}:inputs", "--out", str(out), "--precision", "amp_bf16")
-    assert r.returncode == 0, r.stderr
+    out = _trace(mod, "amp_bf16")
     r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--precision", "amp_bf16", "--json")
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)

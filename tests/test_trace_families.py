@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from tp_query.engine.trace.capture import TraceRequest, trace_config, trace_module
+from tp_query.engine.trace.capture import TraceRequest, trace_config
 from tp_query.schema.model_config import SLIDING, ArchFamily, Builder, ConfigError, parse_config
 from tp_query.schema.precision import Setting
 from tp_query.schema.signature import OpCall
 
-from .conftest import TINY_FAMILIES
+from .conftest import TINY_FAMILIES, trace_hf_causal_lm
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -22,21 +22,9 @@ torch = pytest.importorskip("torch")
 def _hf_graph(cfg: dict, setting: Setting, mb: int, seq: int):  # type: ignore[no-untyped-def]
     from tp_query.engine.trace.hf_models import _patch_packed_check, hf_config_for
     from tp_query.engine.trace.models import Shard
-    from transformers import AutoModelForCausalLM
 
     _patch_packed_check()
-    spec = parse_config(cfg)
-    hcfg = hf_config_for(spec, Shard())
-
-    class Wrap(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = AutoModelForCausalLM.from_config(hcfg, attn_implementation="sdpa")
-
-        def forward(self, ids):  # type: ignore[no-untyped-def]
-            return self.m(input_ids=ids, labels=ids, use_cache=False).loss
-
-    return trace_module(Wrap, lambda m: (torch.randint(0, cfg["vocab_size"], (mb, seq)),), setting)
+    return trace_hf_causal_lm(hf_config_for(parse_config(cfg), Shard()), cfg["vocab_size"], setting, mb, seq)
 
 
 @pytest.mark.parametrize("name", sorted(TINY_FAMILIES))

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from tp_query.engine.trace.capture import TraceRequest, trace_config, trace_module
+from tp_query.engine.trace.capture import TraceRequest, trace_config
 from tp_query.schema.model_config import parse_config
 from tp_query.schema.precision import Setting
 
-from .conftest import TINY_GPT2, TINY_LLAMA
+from .conftest import TINY_GPT2, TINY_LLAMA, trace_hf_causal_lm
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -24,21 +24,17 @@ PACKED_CHECK = {"aten.expand.default", "aten.slice.Tensor", "aten.sub.Tensor", "
 
 
 def _hf_graph(cfg: dict, setting: Setting, mb: int, seq: int):  # type: ignore[no-untyped-def]
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
     from transformers.masking_utils import AttentionMaskInterface
 
+    # no masks while this reference is traced (restored after: other tests trace real sliding-window masks)
+    saved = AttentionMaskInterface._global_mapping["sdpa"]
     AttentionMaskInterface.register("sdpa", lambda *a, **k: None)
-    hcfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
-
-    class Wrap(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = AutoModelForCausalLM.from_config(hcfg, attn_implementation="sdpa")
-
-        def forward(self, ids):  # type: ignore[no-untyped-def]
-            return self.m(input_ids=ids, labels=ids, use_cache=False).loss
-
-    return trace_module(Wrap, lambda m: (torch.randint(0, cfg["vocab_size"], (mb, seq)),), setting)
+    try:
+        hcfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+        return trace_hf_causal_lm(hcfg, cfg["vocab_size"], setting, mb, seq)
+    finally:
+        AttentionMaskInterface.register("sdpa", saved)
 
 
 @pytest.mark.parametrize("cfg", [TINY_LLAMA, TINY_GPT2,

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from verdict import verdict
+
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA8B = ROOT / "examples" / "llama3.1-8b.json"
 LLAMA70B = ROOT / "examples" / "llama3.1-70b.json"
@@ -138,8 +140,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         med = statistics.median(xs)
         good = ok(med)
         missed += not good
-        print(f"{name:<{w}}  min {min(xs):10.3f}  median {med:10.3f} {unit:<3} target {target:<11} "
-              f"{'ok' if good else 'MISSED'}  ({len(xs)} runs)")
+        print(verdict(name, xs, unit, target, good, w))
     return 1 if missed else 0
 
 

@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from verdict import verdict
+
 ROOT = Path(__file__).resolve().parents[2]
 TARGET_S = 5.0
 RUNS = 5
@@ -48,11 +50,9 @@ def main() -> int:
             if r.returncode != 2 or len(r.stderr.strip().splitlines()) != 1:
                 print(f"{name}: rc={r.returncode} stderr={r.stderr[-200:]!r}")
                 failed += 1
-        med = statistics.median(times)
-        ok = med < TARGET_S
+        ok = statistics.median(times) < TARGET_S
         failed += not ok
-        print(f"{name:<{w}}  min {min(times):5.2f} s  median {med:5.2f} s  target < {TARGET_S:.0f} s  "
-              f"{'ok' if ok else 'MISSED'}")
+        print(verdict(name, times, "s", f"< {TARGET_S:.0f} s", ok, w))
     return 1 if failed else 0
 
 
