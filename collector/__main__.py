@@ -112,7 +112,7 @@ def _dist_validate(a: argparse.Namespace) -> int:
     from .dist_validate import main_dist
 
     main_dist(a.gpu, Path(a.out), a.only, a.budget_s, a.frameworks, Path(a.tiny_model) if a.tiny_model else None,
-              a.retry_errors)
+              a.retry_errors, a.remeasure)
     return 0
 
 
@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     dv.add_argument("--tiny-model", help="run the torch campaign on this small config at 64 tokens (CPU tests)")
     dv.add_argument("--retry-errors", action="store_true",
                     help="run again cases recorded as failed (e.g. after installing megatron-core)")
+    dv.add_argument("--remeasure", action="store_true",
+                    help="run the selected cases again, new rows replacing old ones (after a timing change)")
     dv.add_argument("--budget-s", type=float)
     dv.add_argument("--out", default="data/validation")
     dp_ = sub.add_parser("dist-probe", help="overlap and framework host costs (launch with torchrun)")

@@ -77,7 +77,14 @@ def hf_param_count(cfg: dict[str, Any]) -> int:
     return v * h + n * layer + h + (0 if tied else v * h)
 
 
-def transformer_config_kwargs(cfg: dict[str, Any], setting: str, *, tp: int, pp: int) -> dict[str, Any]:
+def _moe(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(routed experts, experts per token) of a Mixtral-shaped config; (0, 0) for a dense one."""
+    e = int(cfg.get("num_local_experts") or 0)
+    return (e, int(cfg.get("num_experts_per_tok") or 2)) if e else (0, 0)
+
+
+def transformer_config_kwargs(cfg: dict[str, Any], setting: str, *, tp: int, pp: int,
+                              ep: int = 1) -> dict[str, Any]:
     """TransformerConfig fields for a Llama-shaped HF config; raises ValueError on what Megatron refuses.
 
     Fusions that need Transformer Engine, apex or Megatron's compiled softmax are off (the machine has
@@ -102,8 +109,22 @@ def transformer_config_kwargs(cfg: dict[str, Any], setting: str, *, tp: int, pp:
         raise ValueError(f"num_key_value_heads={kv} must be a multiple or a divisor of tp={tp}")
     if layers % pp:
         raise ValueError(f"num_hidden_layers={layers} is not divisible by pp={pp} (even split only)")
+    experts, topk = _moe(cfg)
+    if experts and cfg.get("model_type") != "mixtral":
+        raise ValueError(f"MoE is built for Mixtral-shaped configs, got model_type {cfg.get('model_type')!r}")
+    if ep > 1 and not experts:
+        raise ValueError("expert parallelism needs a mixture-of-experts config")
+    if experts and experts % ep:
+        raise ValueError(f"num_local_experts={experts} is not divisible by ep={ep}")
+    if experts and tp > 1:
+        raise ValueError("MoE with tp > 1 needs sequence parallelism in Megatron, which the local spec refuses")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setting, torch.float32)
-    return {
+    # MoELayer as Mixtral recipes run it: dropless top-k routing (softmax over the top-k logits), the
+    # load-balancing aux loss, the all-to-all dispatcher, SequentialMLP experts (no TE: no grouped GEMM)
+    moe = {"num_moe_experts": experts, "moe_router_topk": topk, "moe_ffn_hidden_size": int(cfg["intermediate_size"]),
+           "moe_token_dispatcher_type": "alltoall", "moe_router_load_balancing_type": "aux_loss",
+           "moe_aux_loss_coeff": 1e-2, "moe_grouped_gemm": False, "expert_model_parallel_size": ep} if experts else {}
+    return {**moe,
         "num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, "num_query_groups": kv,
         "ffn_hidden_size": int(cfg["intermediate_size"]), "kv_channels": _head_dim(cfg),
         "normalization": "RMSNorm", "layernorm_epsilon": float(cfg.get("rms_norm_eps", 1e-6)),
@@ -131,7 +152,7 @@ def _rope_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
-def _build_gpt(cfg: dict[str, Any], setting: str, *, tp: int, pp: int,
+def _build_gpt(cfg: dict[str, Any], setting: str, *, tp: int, pp: int, ep: int = 1,
                cpu_init: bool = False) -> tuple[Any, Any]:
     """(TransformerConfig, GPTModel) for this rank's pipeline stage, as pretrain_gpt's model provider."""
     from megatron.core import parallel_state as ps
@@ -140,9 +161,10 @@ def _build_gpt(cfg: dict[str, Any], setting: str, *, tp: int, pp: int,
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    kw = transformer_config_kwargs(cfg, setting, tp=tp, pp=pp)
+    kw = transformer_config_kwargs(cfg, setting, tp=tp, pp=pp, ep=ep)
     config = TransformerConfig(**kw, use_cpu_initialization=cpu_init)
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=kw["qk_layernorm"])
+    spec = get_gpt_layer_local_spec(num_experts=kw.get("num_moe_experts") or None, moe_grouped_gemm=False,
+                                    normalization="RMSNorm", qk_layernorm=kw["qk_layernorm"])
     model = GPTModel(config=config, transformer_layer_spec=spec,
                      vocab_size=padded_vocab_size(cfg["vocab_size"], tp),
                      max_sequence_length=int(cfg.get("max_position_embeddings", 4096)),
@@ -200,8 +222,8 @@ def _destroy_megatron_groups(ps: Any) -> int:
 
 
 def build_megatron_step(cfg: dict, setting: str, *, tp: int, pp: int, micro_batch: int, seq_len: int,
-                        micro_batches: int, distributed_optimizer: bool,
-                        device: torch.device) -> tuple[Callable[[], None], Callable[[], None], dict]:
+                        micro_batches: int, distributed_optimizer: bool, device: torch.device,
+                        ep: int = 1) -> tuple[Callable[[], None], Callable[[], None], dict]:
     """Returns (step, cleanup, info). step() runs one full training iteration: forward+backward over
     `micro_batches` micro-batches via get_forward_backward_func (1F1B when pp>1), DDP grad reduction
     (finish_grad_sync), optimizer.step(), zero_grad. cleanup() frees the model/optimizer and calls
@@ -218,7 +240,7 @@ def build_megatron_step(cfg: dict, setting: str, *, tp: int, pp: int, micro_batc
         raise ValueError("micro_batch, seq_len and micro_batches must be >= 1")
     if device.type != "cuda":
         raise ValueError(f"Megatron-Core's GPT training path needs a CUDA device, got {device}")
-    kw = transformer_config_kwargs(cfg, setting, tp=tp, pp=pp)  # refuse before creating any group
+    kw = transformer_config_kwargs(cfg, setting, tp=tp, pp=pp, ep=ep)  # refuse before creating any group
     half = setting in ("bf16", "fp16")
     torch.cuda.set_device(device)
     if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
@@ -241,10 +263,11 @@ def build_megatron_step(cfg: dict, setting: str, *, tp: int, pp: int, micro_batc
     if ps.model_parallel_is_initialized():  # a case before this one died without its cleanup
         _destroy_megatron_groups(ps)
         ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 expert_model_parallel_size=ep)
     try:
         model_parallel_cuda_manual_seed(SEED)
-        config, gpt = _build_gpt(cfg, setting, tp=tp, pp=pp)
+        config, gpt = _build_gpt(cfg, setting, tp=tp, pp=pp, ep=ep)
         params_per_rank = sum(p.numel() for p in gpt.parameters())
         gpt.cuda(device)  # torch RMSNorm weights are created on the CPU; get_model moves the module
         module = Float16Module(config, gpt) if half else gpt

@@ -46,7 +46,7 @@ from .timing import quantile
 
 TORCH_KINDS = ("ddp", "ddp_bucket_view", "fsdp_z3", "fsdp_z2", "tp", "tp_sp", "pp_gpipe", "pp_1f1b",
                "pp_interleaved")
-MEGATRON_KINDS = ("mcore_dp", "mcore_dp_distopt", "mcore_tp", "mcore_pp")
+MEGATRON_KINDS = ("mcore_dp", "mcore_dp_distopt", "mcore_tp", "mcore_pp", "mcore_moe", "mcore_moe_distopt")
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def tiny_cases(world: int, cfg: dict[str, Any]) -> list[DistCase]:
 def dist_cases(world: int) -> list[DistCase]:
     """The campaign for `world` GPUs. Calibration: the LLaMA-3-8B shape (host/dispatch constants are fitted
     there); holdout: the Qwen2-7B shape (other widths, biases, vocabulary) and every 8-micro-batch pipeline."""
-    from .validate import LLAMA3_8B, QWEN2_7B, layers_of
+    from .validate import LLAMA3_8B, MIXTRAL_8X7B, QWEN2_7B, layers_of
 
     shapes = [("llama3-8b-L4", layers_of(LLAMA3_8B, 4), "calibration"),
               ("qwen2-7b-L4", layers_of(QWEN2_7B, 4), "holdout")]
@@ -97,7 +97,8 @@ def dist_cases(world: int) -> list[DistCase]:
             tp: int = 1, pp: int = 1, m: int = 1, profile: bool = False, **options: Any) -> None:
         if dp * tp * pp != world:
             return
-        opt = "".join(f"-{k}" for k, v in sorted(options.items()) if v is True)
+        opt = "".join(f"-{k}" if v is True else f"-{k}{v}" for k, v in sorted(options.items())
+                      if v is True or (isinstance(v, int) and not isinstance(v, bool)))
         cid = f"{fw}-{kind}-{model}-dp{dp}-tp{tp}-pp{pp}-m{m}{opt}-{setting}"
         out.append(DistCase(cid, fw, kind, model, cfg, setting, dp, tp, pp, micro_batches=m, split=split,
                             profile=profile, options=options))
@@ -129,6 +130,12 @@ def dist_cases(world: int) -> list[DistCase]:
             add("megatron", "mcore_dp_distopt", model, cfg, s, split, dp=world, distributed_optimizer=True)
             add("megatron", "mcore_tp", model, cfg, s, split, tp=world)
             add("megatron", "mcore_pp", model, cfg, s, split, pp=world, m=4)
+    # Megatron-Core MoE (Mixtral-8x7B shape, 2 layers): experts replicated (ep 1) and split over the DP ranks
+    for s in ("mp_bf16", "tf32"):
+        for ep in (1, world):
+            add("megatron", "mcore_moe", "mixtral-L2", layers_of(MIXTRAL_8X7B, 2), s, "holdout", dp=world, ep=ep)
+    add("megatron", "mcore_moe_distopt", "mixtral-L2", layers_of(MIXTRAL_8X7B, 2), "mp_bf16", "holdout", dp=world,
+        ep=world, distributed_optimizer=True)
     return out
 
 
@@ -350,7 +357,8 @@ def build_megatron(case: DistCase, mesh: Any, device: torch.device) -> tuple[Ste
     step, cleanup, _ = build_megatron_step(
         case.config, case.setting.replace("mp_", ""), tp=case.tp, pp=case.pp, micro_batch=case.micro_batch,
         seq_len=case.seq_len, micro_batches=case.micro_batches,
-        distributed_optimizer=bool(case.options.get("distributed_optimizer")), device=device)
+        distributed_optimizer=bool(case.options.get("distributed_optimizer")), device=device,
+        ep=int(case.options.get("ep", 1)))
     return step, cleanup
 
 
@@ -364,8 +372,16 @@ def _gather(obj: Any) -> list[Any]:
     return out
 
 
-def time_steps(step: Step, device: torch.device, warmup: int = 2, iters: int = 6) -> dict[str, Any]:
-    """Per-rank CUDA-event samples after a barrier; the row keeps every rank's median and samples."""
+# nvbench-style stopping: batches of BATCH steps until the 20-80% spread of the samples is within
+# TARGET_SPREAD of the median on every rank, at most MAX_ITERS steps or BUDGET_S seconds per case.
+BATCH, MAX_ITERS, TARGET_SPREAD, BUDGET_S = 6, 30, 0.02, 15.0
+
+
+def time_steps(step: Step, device: torch.device, warmup: int = 2, iters: int = BATCH,
+               max_iters: int = MAX_ITERS) -> dict[str, Any]:
+    """Per-rank CUDA-event samples after a barrier; the row keeps every rank's median and samples. Host-bound
+    runs (DTensor TP) spread by 10% over a handful of steps, so sampling goes on while any rank is noisy; the
+    decision is all-reduced, so every rank runs the same steps (their collectives must match)."""
     cuda = device.type == "cuda"
     for _ in range(warmup):
         step()
@@ -375,20 +391,29 @@ def time_steps(step: Step, device: torch.device, warmup: int = 2, iters: int = 6
     dist.barrier()
     samples: list[float] = []
     host: list[float] = []  # how long the host took to issue the step: ~ the iteration when host-bound
-    for _ in range(iters):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            t0 = time.perf_counter()
-            step()
-            host.append((time.perf_counter() - t0) * 1e3)
-            b.record()
-            b.synchronize()
-            samples.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            step()
-            samples.append((time.perf_counter() - t0) * 1e3)
+    t_start = time.perf_counter()
+    while True:
+        for _ in range(iters):
+            if cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                t0 = time.perf_counter()
+                step()
+                host.append((time.perf_counter() - t0) * 1e3)
+                b.record()
+                b.synchronize()
+                samples.append(a.elapsed_time(b))
+            else:
+                t0 = time.perf_counter()
+                step()
+                samples.append((time.perf_counter() - t0) * 1e3)
+        med = statistics.median(samples)
+        noisy = (quantile(samples, 0.8) - quantile(samples, 0.2)) > TARGET_SPREAD * med
+        more = noisy and len(samples) + iters <= max_iters and time.perf_counter() - t_start < BUDGET_S
+        flag = torch.tensor([1.0 if more else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() == 0.0 or len(samples) + iters > max_iters:
+            break
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     reserved = torch.cuda.max_memory_reserved() if cuda else 0
     return {"median_ms": statistics.median(samples), "samples_ms": samples, "peak": int(peak),
@@ -509,24 +534,25 @@ def _row(case: DistCase, per_rank: list[dict[str, Any]] | None, status: str, rea
 
 
 def run_campaign(cases: list[DistCase], out: Path, gpu: str, budget_s: float | None = None,
-                 retry_errors: bool = False) -> int:
-    """Every rank runs every case; rank 0 records. A case left started by a killed job is recorded as failed."""
+                 retry_errors: bool = False, remeasure: bool = False) -> int:
+    """Every rank runs every case; rank 0 records. A case left started by a killed job is recorded as failed.
+    remeasure: run the cases again, each new row replacing the old one (after a change to how steps are timed)."""
     cpu = gpu == "cpu"
     device = torch.device("cpu") if cpu else torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     rank = dist.get_rank()
     dev = Device(cpu=cpu)
     prov = dev.provenance()
-    store = ChunkedStore(out, "validation-dist", VALIDATION_SCHEMA, prov, key_columns=("case_id",)) \
-        if rank == 0 else None
+    store = ChunkedStore(out, "validation-dist", VALIDATION_SCHEMA, prov, key_columns=("case_id",),
+                         remeasure=remeasure) if rank == 0 else None
     attempts = out / ".dist-attempts"
     todo: list[str] = []
     if store is not None:
-        done = {k[0] for k in store.done_keys(ok_only=retry_errors)}  # a retried failure replaces its row
+        done = set() if remeasure else {k[0] for k in store.done_keys(ok_only=retry_errors)}
         started = set(attempts.read_text().split()) if attempts.exists() else set()
         for c in cases:
             if c.case_id in done:
                 continue
-            if c.case_id in started and not retry_errors:  # the job died inside it: a failure row, not a loop
+            if c.case_id in started and not (retry_errors or remeasure):  # the job died inside it: a failure row, not a loop
                 store.append(_row(c, None, "error", "the job died during this case (killed, hung or crashed)",
                                   prov, 0))
                 continue
@@ -580,7 +606,7 @@ def gc_cuda(device: torch.device) -> None:
 
 
 def main_dist(gpu: str, out: Path, only: str | None, budget_s: float | None, frameworks: str,
-              tiny_model: Path | None = None, retry_errors: bool = False) -> None:
+              tiny_model: Path | None = None, retry_errors: bool = False, remeasure: bool = False) -> None:
     from datetime import timedelta
 
     cpu = gpu == "cpu"
@@ -595,7 +621,7 @@ def main_dist(gpu: str, out: Path, only: str | None, budget_s: float | None, fra
     if only:
         cases = [c for c in cases if any(s in c.case_id for s in only.split(","))]
     try:
-        n = run_campaign(cases, out, gpu, budget_s, retry_errors)
+        n = run_campaign(cases, out, gpu, budget_s, retry_errors, remeasure)
         if dist.get_rank() == 0:
             print(f"[dist-validate] ran {n} cases")
     finally:

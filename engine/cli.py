@@ -53,6 +53,7 @@ PrecisionOpt = Annotated[Setting, typer.Option("--precision", help="training pre
 FrameworkOpt = Annotated[str, typer.Option("--framework", help="torch (DDP/FSDP2/DTensor/pipelining) | megatron")]
 PipeOpt = Annotated[str, typer.Option("--pp-schedule", help="1f1b | gpipe | interleaved (2 chunks per rank)")]
 BucketViewOpt = Annotated[bool, typer.Option("--ddp-bucket-view", help="DDP(gradient_as_bucket_view=True)")]
+EpOpt = Annotated[int, typer.Option("--ep", help="expert-parallel degree (MoE, --framework megatron; divides DP)")]
 SystemOpt = Annotated[str | None, typer.Option("--system", help="a TOML system file or a preset "
                                                "(h200-sxm-8x-ndr, h100-sxm-8x-ndr): GPUs per node, links, price")]
 
@@ -72,7 +73,7 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
              micro_batch: int | None,
              global_batch: int | None, optimizer: str, sequence_parallel: bool, zero: int, recompute: str,
              strict: bool, db: str | None, framework: str = "torch", pp_schedule: str = "1f1b",
-             ddp_bucket_view: bool = False) -> Any:
+             ddp_bucket_view: bool = False, ep: int = 1) -> Any:
     from tp_query.engine.parallel import ParallelConfig
     from tp_query.engine.predict import PredictRequest
 
@@ -88,7 +89,7 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
     if recompute not in ("none", "full"):
         raise UserError(f"--recompute must be none or full, got {recompute!r}")
     for name, v in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--dp", dp), ("--tp", tp),
-                    ("--pp", pp)):
+                    ("--pp", pp), ("--ep", ep)):
         if v <= 0:
             raise UserError(f"{name} must be a positive integer, got {v}")
     if global_batch is not None and global_batch <= 0:
@@ -96,7 +97,7 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
     name = model.parent.name if model.name == "config.json" else model.stem
     par = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
                          sequence_parallel=sequence_parallel, zero=zero, recompute=recompute == "full",
-                         pp_schedule=pp_schedule, framework=framework, ddp_bucket_view=ddp_bucket_view)
+                         pp_schedule=pp_schedule, framework=framework, ddp_bucket_view=ddp_bucket_view, ep=ep)
     return PredictRequest(model=obj, model_name=name, gpu=gpu, setting=precision, parallel=par, seq_len=seq_len,
                           optimizer=optimizer, strict=strict, db_root=db)
 
@@ -184,6 +185,7 @@ def predict(
     framework: FrameworkOpt = "torch",
     pp_schedule: PipeOpt = "1f1b",
     ddp_bucket_view: BucketViewOpt = False,
+    ep: EpOpt = 1,
     system: SystemOpt = None,
 ) -> None:
     """Predict one training iteration: time, breakdown, peak memory and a fits/OOM verdict."""
@@ -192,7 +194,7 @@ def predict(
 
     def go() -> None:
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
-                       sequence_parallel, zero, recompute, strict, db, framework, pp_schedule, ddp_bucket_view)
+                       sequence_parallel, zero, recompute, strict, db, framework, pp_schedule, ddp_bucket_view, ep)
         with _Status("predicting (a new model or split is traced first: seconds)"):
             p = run(req, system=_system(system))
         if as_json:

@@ -52,6 +52,11 @@ class StageWork:
     param_numel: int
     param_bytes: int
 
+    @property
+    def expert_numel(self) -> int:
+        """This rank's routed-expert parameters (their gradients reduce over the expert-data-parallel group)."""
+        return sum(p.numel for p in self.params if ".experts." in p.name)
+
     def _expand(self, phase: Phase, parts: list[tuple[Section, int]]) -> list[Item]:
         out: list[Item] = []
         for sec, n in parts:

@@ -52,8 +52,9 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     o = states * (4 * stage.param_numel if st.master_weights else w) + master
     if st.master_weights:
         g = 4 * stage.param_numel  # fp32 gradients (Megatron's main_grad buffer, FSDP2's fp32 reduce)
-    if par.zero >= 1:
-        o //= par.dp
+    if par.zero >= 1:  # routed experts' state shards over their own replicas (DP / EP), the rest over DP
+        expert = stage.expert_numel if par.ep > 1 else 0
+        o = int(o * ((stage.param_numel - expert) / par.dp + expert / par.expert_dp) / max(stage.param_numel, 1))
     if par.zero >= 2:
         g //= par.dp
     if par.zero >= 3 or torch_fsdp:  # FSDP2 shards the parameters at rest for either reshard setting

@@ -26,6 +26,7 @@ class ParallelConfig:
     pp_schedule: str = "1f1b"  # 1f1b | gpipe | interleaved (two model chunks per rank)
     framework: str = "torch"  # torch (DDP/FSDP2/DTensor/pipelining) | megatron (Megatron-Core, local spec)
     ddp_bucket_view: bool = False  # DDP(gradient_as_bucket_view=True)
+    ep: int = 1  # expert parallelism (MoE, Megatron-Core): experts split over ep of the DP ranks
 
     def __post_init__(self) -> None:
         self.validate()
@@ -35,16 +36,22 @@ class ParallelConfig:
         return self.dp * self.tp * self.pp
 
     @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert: the data-parallel group over which expert gradients are reduced."""
+        return self.dp // self.ep
+
+    @property
     def micro_batches(self) -> int:
         gb = self.global_batch or self.dp * self.micro_batch
         return gb // (self.dp * self.micro_batch)
 
     # beyond any cluster or batch anyone plans: bigger is a typo or hostile input
-    LIMITS: ClassVar[dict[str, int]] = {"DP": 1 << 20, "TP": 1 << 12, "PP": 1 << 12, "micro-batch": 1 << 16,
-                                        "global batch": 1 << 31}
+    LIMITS: ClassVar[dict[str, int]] = {"DP": 1 << 20, "TP": 1 << 12, "PP": 1 << 12, "EP": 1 << 12,
+                                        "micro-batch": 1 << 16, "global batch": 1 << 31}
 
     def validate(self) -> None:
-        for name, v in (("DP", self.dp), ("TP", self.tp), ("PP", self.pp), ("micro-batch", self.micro_batch),
+        for name, v in (("DP", self.dp), ("TP", self.tp), ("PP", self.pp), ("EP", self.ep),
+                        ("micro-batch", self.micro_batch),
                         ("global batch", self.global_batch or self.dp * self.micro_batch)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise PlanError(f"{name} must be a positive integer, got {v!r}")
@@ -65,5 +72,13 @@ class ParallelConfig:
             raise PlanError(f"unknown framework {self.framework!r}: torch or megatron")
         if self.framework == "megatron" and self.zero >= 2:
             raise PlanError("Megatron-Core shards optimizer state only (its distributed optimizer): use --zero 1")
+        if self.ep > 1 and self.dp % self.ep:
+            raise PlanError(f"EP={self.ep} must divide DP={self.dp}: expert-parallel ranks are data-parallel "
+                            "ranks that split the experts (Megatron-Core's layout)")
+        if self.ep > 1 and self.framework != "megatron":
+            raise PlanError("expert parallelism is modelled as Megatron-Core runs it (all-to-all token dispatcher): "
+                            "use --framework megatron")
+        if self.ep > 1 and self.zero >= 2:
+            raise PlanError("expert parallelism with ZeRO-2/3 is not modelled (Megatron-Core: --zero 1)")
         if self.framework == "megatron" and self.pp_schedule == "gpipe":
             raise PlanError("Megatron-Core's schedules are 1F1B and interleaved 1F1B, not GPipe")

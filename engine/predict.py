@@ -127,7 +127,7 @@ def _trace_fields(req: PredictRequest) -> dict[str, Any]:
     par = req.parallel
     return {"setting": req.setting.value, "mb": par.micro_batch, "seq": req.seq_len, "tp": par.tp,
             "sp": par.sequence_parallel and par.tp > 1, "rc": par.recompute, "opt": req.optimizer,
-            "fw": par.framework}
+            "fw": par.framework, **({"ep": par.ep} if par.ep > 1 else {})}
 
 
 def _installed_version(package: str, missing: str) -> str:
@@ -163,10 +163,11 @@ def graph_for(req: PredictRequest) -> Graph:
             raise PredictError("a traced module runs as traced: use --tp 1 --pp 1 (DP and ZeRO are fine)")
         traced = {"precision": g.meta.setting, "seq-len": g.meta.seq_len, "micro-batch": g.meta.micro_batch,
                   "tp": g.meta.tp, "sequence-parallel": g.meta.sequence_parallel, "recompute": g.meta.recompute,
-                  "optimizer": g.meta.optimizer, "framework": g.meta.extra.get("framework", "torch")}
+                  "optimizer": g.meta.optimizer, "framework": g.meta.extra.get("framework", "torch"),
+                  "ep": int(g.meta.extra.get("ep", 1))}
         asked = {"precision": req.setting.value, "seq-len": req.seq_len, "micro-batch": par.micro_batch,
                  "tp": par.tp, "sequence-parallel": par.sequence_parallel and par.tp > 1,
-                 "recompute": par.recompute, "optimizer": req.optimizer, "framework": par.framework}
+                 "recompute": par.recompute, "optimizer": req.optimizer, "framework": par.framework, "ep": par.ep}
         if g.meta.source == "module":  # a user's module: its own shapes; tp is 1 by construction
             for k in ("seq-len", "micro-batch"):
                 traced.pop(k)
@@ -195,7 +196,8 @@ def graph_for(req: PredictRequest) -> Graph:
     try:
         par = req.parallel
         g = trace_config(TraceRequest(spec, req.setting, par.micro_batch, req.seq_len, par.tp,
-                                      par.sequence_parallel, par.recompute, req.optimizer, framework=par.framework))
+                                      par.sequence_parallel, par.recompute, req.optimizer, framework=par.framework,
+                                      ep=par.ep))
     except TraceError as e:
         raise PredictError(str(e)) from None
     try:
@@ -233,12 +235,12 @@ class Engine:
             + "): medians blend them")
         self._graphs: dict[str, Graph] = {}
         self._composers: dict[tuple[int, bool], Composer] = {}
-        self._segments: dict[tuple[int, int], SegmentCache] = {}
+        self._segments: dict[tuple[int, int, int], SegmentCache] = {}
         self.stage_times: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._stage_lists: dict[tuple[object, ...], Any] = {}
-        self.item_segments: dict[tuple[int, int, str, int], Segment] = {}
+        self.item_segments: dict[tuple[int, int, str, int, int], Segment] = {}
         # per TP degree: (call key, phase) -> the raw row of one operator (latencies, comm, flags, source)
-        self.item_rows: dict[int, dict[tuple[str, Phase], tuple[float, float, float, bool, int, float, bool,
+        self.item_rows: dict[tuple[int, int], dict[tuple[str, Phase], tuple[float, float, float, bool, int, float, bool,
                                                                 Source]]] = {}
         self.segment_flops: dict[int, float] = {}
         self.dp_overheads: dict[tuple[Any, ...], float] = {}
@@ -259,10 +261,10 @@ class Engine:
             self._composers[k] = Composer(g, k[1], self._stage_lists)
         return self._composers[k]
 
-    def segments_for(self, comp: Composer, tp: int) -> SegmentCache:
-        k = (id(comp), tp)
+    def segments_for(self, comp: Composer, tp: int, ep: int = 1) -> SegmentCache:
+        k = (id(comp), tp, ep)
         if k not in self._segments:
-            self._segments[k] = SegmentCache(self, comp, tp)
+            self._segments[k] = SegmentCache(self, comp, tp, ep)
         return self._segments[k]
 
     def _host_model(self, db_root: str | None) -> HostModel:
@@ -338,6 +340,10 @@ class Segment:
     # how many layers' worth each operator stands for: 1, or a layer type's share of the model's layers
     # (a model whose layers differ, such as Gemma's sliding and global layers, has a mean layer)
     weight: np.ndarray | None = None
+    ep_comm: np.ndarray | None = None  # collectives over the expert-parallel group (None: there are none)
+
+    def ep_mask(self) -> np.ndarray:
+        return self.ep_comm if self.ep_comm is not None else np.zeros(len(self.cold), dtype=bool)
 
     def weights(self) -> np.ndarray:
         return self.weight if self.weight is not None else np.ones(len(self.cold))
@@ -369,9 +375,11 @@ class Segment:
             return np.concatenate([np.tile(getattr(p, attr), n) for p, n in parts])
 
         weighted = any(p.weight is not None for p, _ in parts)
+        with_ep = any(p.ep_comm is not None for p, _ in parts)
         return Segment(cat("cold"), cat("warm"), cat("comm_us"), cat("is_comm"), cat("phase"), cat("tensors"),
                        cat("sync"), cat("src"), None, parts,
-                       np.concatenate([np.tile(p.weights(), n) for p, n in parts]) if weighted else None)
+                       np.concatenate([np.tile(p.weights(), n) for p, n in parts]) if weighted else None,
+                       np.concatenate([np.tile(p.ep_mask(), n) for p, n in parts]) if with_ep else None)
 
     def times(self, host: HostModel) -> tuple[np.ndarray, np.ndarray]:
         g = np.where(self.is_comm, self.comm_us, self.warm + host.beta * (self.cold - self.warm))
@@ -385,10 +393,10 @@ _PHASE_CODE = {Phase.FWD: 0, Phase.BWD: 1, Phase.OPT: 2}
 
 
 class SegmentCache:
-    """Per graph and TP degree: raw operator arrays of every section, built once (search reuses them)."""
+    """Per graph and TP (and EP) degree: raw operator arrays of every section, built once (search reuses them)."""
 
-    def __init__(self, eng: Engine, comp: Composer, tp: int) -> None:
-        self.eng, self.comp, self.tp = eng, comp, tp
+    def __init__(self, eng: Engine, comp: Composer, tp: int, ep: int = 1) -> None:
+        self.eng, self.comp, self.tp, self.ep = eng, comp, tp, ep
         self._sections: dict[tuple[Phase, Section], Segment] = {}
         self._stages: dict[tuple[Phase, tuple[tuple[Section, int], ...]], Segment] = {}
 
@@ -405,7 +413,7 @@ class SegmentCache:
         return self._sections[k]
 
     def items_segment(self, a: list[Item], b: list[Item] | None, kind: str) -> Segment:
-        k = (id(a), id(b), kind, self.tp)
+        k = (id(a), id(b), kind, self.tp, self.ep)
         shared = self.eng.item_segments  # across graphs: the optimizer lists themselves are shared
         if k not in shared:
             if kind == "opt":
@@ -423,7 +431,7 @@ class SegmentCache:
         t = next(iter(it.call.tensors()))
         kind = it.call.op.split(".", 1)[1]
         group = str(dict(it.call.kwargs).get("group", "tp"))
-        ranks = {"tp": self.tp}.get(group)
+        ranks = {"tp": self.tp, "ep": self.ep}.get(group)
         if ranks is None:
             raise PredictError(f"the graph has a {kind} over group {group!r}, which this split does not size")
         e = self.eng.comm.estimate(kind, float(t.nbytes), ranks)
@@ -431,7 +439,7 @@ class SegmentCache:
 
     def _segment(self, items: list[Item], weight: np.ndarray | None = None) -> Segment:
         # one row per distinct (call, phase) for the engine's life: search and new DP sizes re-use them
-        cache = self.eng.item_rows.setdefault(self.tp, {})
+        cache = self.eng.item_rows.setdefault((self.tp, self.ep), {})
         qs = {it.key: Query(it.key, it.call.op, it.info) for it in items
               if not it.call.op.startswith("comm.") and (it.key, it.phase) not in cache}
         est = self.eng.latency.estimate(list(qs.values())) if qs else {}
@@ -456,7 +464,10 @@ class SegmentCache:
                 cache[(it.key, it.phase)] = c
             cold[i], warm[i], comm_us[i], is_comm[i], phase[i], tensors[i], sync[i], src = c
             src_codes[i] = _SRC_CODE[src]
-        return Segment(cold, warm, comm_us, is_comm, phase, tensors, sync, src_codes, items, None, weight)
+        ep = np.array([it.call.op.startswith("comm.") and dict(it.call.kwargs).get("group") == "ep" for it in items],
+                      dtype=bool)
+        return Segment(cold, warm, comm_us, is_comm, phase, tensors, sync, src_codes, items, None, weight,
+                       ep if ep.any() else None)
 
 
 class _Assemble:
@@ -467,7 +478,7 @@ class _Assemble:
         self.eng, self.req, self.g, self.comp, self.stages, self.par = eng, req, g, comp, stages, par
         self.with_ops = with_ops
         self.warnings: list[str] = []
-        cache = eng.segments_for(comp, par.tp)
+        cache = eng.segments_for(comp, par.tp, par.ep)
         self.raw = []
         self.host_extras = self._host_extras()  # measured framework host costs that apply to this split
         self.extras = [self._host_extra_us(st) for st in stages]
@@ -545,7 +556,9 @@ class _Assemble:
             "sections": sections, "fb_gpu_us": float(gf.sum() + gb.sum()),
             "fwd_us": fb.elapsed_us * share_f, "bwd_us": fb.elapsed_us * (1 - share_f),
             "fwd_gpu_us": float(gf[~raw["fwd"].is_comm].sum()), "bwd_gpu_us": float(gb[~raw["bwd"].is_comm].sum()),
-            "tp_comm_us": float(gf[raw["fwd"].is_comm].sum() + gb[raw["bwd"].is_comm].sum()),
+            "tp_comm_us": float(gf[raw["fwd"].is_comm & ~raw["fwd"].ep_mask()].sum()
+                                + gb[raw["bwd"].is_comm & ~raw["bwd"].ep_mask()].sum()),
+            "ep_comm_us": float(gf[raw["fwd"].ep_mask()].sum() + gb[raw["bwd"].ep_mask()].sum()),
             "opt_us": so.elapsed_us, "opt_gpu_us": so.gpu_us, "accum_us": float(ga.sum()), "ddp_us": float(gd.sum()),
         }
 
@@ -564,9 +577,12 @@ class _Assemble:
         fwd_compute = m * c["fwd_gpu_us"]
         bwd_compute = m * c["bwd_gpu_us"]
         tp_comm = m * c["tp_comm_us"]
-        host_fb = m * (c["fwd_us"] + c["bwd_us"] - c["fwd_gpu_us"] - c["bwd_gpu_us"] - c["tp_comm_us"])
+        ep_comm = m * c["ep_comm_us"]
+        host_fb = m * (c["fwd_us"] + c["bwd_us"] - c["fwd_gpu_us"] - c["bwd_gpu_us"] - c["tp_comm_us"]
+                       - c["ep_comm_us"])
         pp_comm = (2 * m * p2p + 2 * (par.pp - 1) * p2p) if par.pp > 1 else 0.0
-        bubble = max(pipe - (fwd_compute + bwd_compute + tp_comm + host_fb + 2 * m * p2p), 0.0) if par.pp > 1 else 0.0
+        bubble = max(pipe - (fwd_compute + bwd_compute + tp_comm + ep_comm + host_fb + 2 * m * p2p), 0.0) \
+            if par.pp > 1 else 0.0
         accum = (m - 1) * c["accum_us"]
         dp_exposed = self._dp_comm_us(self.stages[crit], c)
         opt_gpu = max(r["opt_gpu_us"] for r in per_stage)
@@ -577,6 +593,7 @@ class _Assemble:
             "backward_ms": (bwd_compute + accum + c["ddp_us"]) / 1e3,
             "optimizer_ms": opt_gpu / 1e3,
             "tp_comm_ms": tp_comm / 1e3,
+            **({"ep_comm_ms": ep_comm / 1e3} if par.ep > 1 else {}),
             "pp_comm_ms": pp_comm / 1e3,
             "dp_comm_ms": dp_exposed / 1e3,
             "pipeline_bubble_ms": bubble / 1e3,
@@ -790,7 +807,7 @@ class _Assemble:
         if par.dp <= 1:
             return 0.0
         shape = self.stage_shape(s, c)
-        key = (shape, s.param_numel, s.param_bytes, par.dp, par.tp, par.zero, par.framework,
+        key = (shape, s.param_numel, s.param_bytes, par.dp, par.tp, par.ep, par.zero, par.framework,
                par.micro_batches, self.req.setting)
         hit = self.eng.dp_overheads.get(key)
         if hit is None:
@@ -811,11 +828,20 @@ class _Assemble:
             # Megatron-Core's DDP as it ships (overlap_grad_reduce=False): after backward, the whole fp32
             # gradient buffer is scaled by 1/DP and all-reduced (or reduce-scattered for the distributed
             # optimizer, whose updated parameters are then all-gathered in their own dtype); nothing overlaps
+            # With expert parallelism the routed experts' part reduces over its own replicas (DP / EP).
             buf = 4.0 * s.param_numel
             scale_us = 2e6 * buf / hbm
+            expert = s.expert_numel if par.ep > 1 else 0
+            dense_share = (s.param_numel - expert) / max(s.param_numel, 1)
+
+            def over(kind: str, nbytes: float, ranks: int) -> float:
+                return self.eng.comm.estimate(kind, nbytes, ranks, spans).us if ranks > 1 and nbytes > 0 else 0.0
+
+            groups = ((par.dp, dense_share), (par.expert_dp, 1.0 - dense_share))
             if par.zero == 0:
-                return scale_us + comm("all_reduce", buf)
-            return scale_us + comm("reduce_scatter", buf) + comm("all_gather", float(s.param_bytes))
+                return scale_us + sum(over("all_reduce", buf * f, r) for r, f in groups)
+            return scale_us + sum(over("reduce_scatter", buf * f, r) + over("all_gather", s.param_bytes * f, r)
+                                  for r, f in groups)
         if par.zero == 0:
             return ddp_overhead(shape, comm, inter)
         if par.zero >= 2 and torch_fw:  # FSDP2: every micro-batch gathers and reduce-scatters
@@ -838,7 +864,7 @@ class _Assemble:
     def _config(self, host: HostModel) -> dict[str, Any]:
         r, par = self.req, self.par
         return {"model": r.model_name, "gpu": self.eng.gpu.name, "precision": self.g.meta.setting, "dp": par.dp,
-                "tp": par.tp, "pp": par.pp, "micro_batch": par.micro_batch,
+                "tp": par.tp, "pp": par.pp, "ep": par.ep, "micro_batch": par.micro_batch,
                 "global_batch": par.global_batch or par.dp * par.micro_batch, "micro_batches": par.micro_batches,
                 "seq_len": self.g.meta.seq_len, "optimizer": r.optimizer, "sequence_parallel": par.sequence_parallel,
                 "zero": par.zero, "recompute": "full" if par.recompute else "none", "gpus": par.gpus,

@@ -75,7 +75,8 @@ def trace_target(target: str, inputs: str | None, setting: Setting, optimizer: s
 
 def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], seqs: list[int], mbs: list[int],
                       tps: list[int], layers: int | None, framework: str = "torch",
-                      progress: Callable[[int, int], None] | None = None) -> Iterable[tuple[str, str, bool]]:
+                      progress: Callable[[int, int], None] | None = None, ep: int = 1
+                      ) -> Iterable[tuple[str, str, bool]]:
     """Every distinct operator call (with its TF32 mode) of the traced configs, optimizer included."""
     from .trace.capture import TraceRequest, trace_config
 
@@ -92,7 +93,7 @@ def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], se
                     for tp in tps:
                         # every distinct layer shape is in the default trace (one template per layer type)
                         g = trace_config(TraceRequest(spec, s, mb, seq, tp, traced_layers=min(2, spec.num_layers),
-                                                      framework=framework))
+                                                      framework=framework, ep=ep))
                         done += 1
                         if progress is not None:
                             progress(done, total)

@@ -98,6 +98,7 @@ DIST_KINDS: dict[str, dict[str, Any]] = {
     "pp_interleaved": {"pp_schedule": "interleaved"},
     "mcore_dp": {"framework": "megatron"}, "mcore_dp_distopt": {"framework": "megatron", "zero": 1},
     "mcore_tp": {"framework": "megatron"}, "mcore_pp": {"framework": "megatron"},
+    "mcore_moe": {"framework": "megatron"}, "mcore_moe_distopt": {"framework": "megatron", "zero": 1},
 }
 
 
@@ -133,12 +134,13 @@ class Study:
             accum = int(r.get("accum") or 1)
             dp, tp, pp = int(r.get("dp") or 1), int(r.get("tp") or 1), int(r.get("pp") or 1)
             extra: dict[str, Any] = {}
+            ep = int(json.loads(r.get("options_json") or "{}").get("ep", 1))
             if r.get("dist_kind"):  # a distributed run: its own section, never in the one-GPU fit
                 # its shapes are "shared" when the same model is a one-GPU calibration case (exact calls measured)
                 shared = r["model"] in calibration_models
                 c.framework, c.kind, c.split = r["framework"], r["dist_kind"], "distributed"
                 c.shape_split = "calibration" if shared else "holdout"
-                extra = DIST_KINDS.get(r["dist_kind"], {})
+                extra = {**DIST_KINDS.get(r["dist_kind"], {}), **({"ep": ep} if ep > 1 else {})}
                 ranks = json.loads(r["rank_json"]) if r.get("rank_json") else []
                 hosts = [x["host_ms"] for x in ranks if x.get("host_ms")]
                 c.host_ms = max(hosts) if hosts else None

@@ -68,6 +68,7 @@ class TraceRequest:
     optimizer: str = "adamw"
     traced_layers: int = 2
     framework: str = "torch"  # torch: the HuggingFace modules; megatron: Megatron-Core's local GPT spec
+    ep: int = 1  # expert parallelism (Megatron-Core MoE): routed experts per rank = num_experts / ep
 
 
 class MegatronOptimizer:
@@ -392,15 +393,31 @@ def _validate(req: TraceRequest) -> None:
     if req.framework == "megatron" and SETTINGS[req.setting].fp8_recipe:
         raise TraceError("the fp8 settings model torchao float8 training on PyTorch; Megatron-Core's FP8 needs "
                          "Transformer Engine, which is not modelled")
+    if req.ep < 1:
+        raise TraceError("EP must be positive")
+    if req.ep > 1 and not s.is_moe:
+        raise TraceError(f"--ep {req.ep} needs a mixture-of-experts model; {s.family.value} has no routed experts")
+    if req.ep > 1 and req.framework != "megatron":
+        raise TraceError("expert parallelism is modelled as Megatron-Core runs it (all-to-all token dispatcher): "
+                         "use --framework megatron; PyTorch-native EP is not modelled")
+    if s.is_moe and s.num_experts % req.ep:
+        raise TraceError(f"EP={req.ep} does not divide the {s.num_experts} routed experts")
     if req.framework == "megatron":
-        if s.family.value != "llama":  # pragma: no cover - the hf builder check above comes first
-            raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family configs, "
-                             f"not {s.family.value}")
+        from .megatron_local import MEGATRON_FAMILIES
+
+        if s.family not in MEGATRON_FAMILIES:
+            raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family and "
+                             f"Mixtral configs, not {s.family.value}")
+        if s.is_moe and (s.layer_types and any(t != "full_attention" for t in s.layer_types)):
+            raise TraceError("--framework megatron: sliding-window attention is not in Megatron-Core's local spec")
+        if s.is_moe and req.tp > 1:
+            raise TraceError("--framework megatron with MoE and TP > 1 (expert tensor parallelism, sequence "
+                             "parallelism required by Megatron) is not modelled: use --tp 1 with --ep")
         if req.sequence_parallel and req.tp > 1:
             raise TraceError("Megatron-Core's local layer spec refuses sequence parallelism (it needs Transformer "
                              "Engine or apex norms); use --framework torch or drop --sequence-parallel")
     if s.builder.value == "hf":
-        if req.framework == "megatron":
+        if req.framework == "megatron" and s.family.value != "mixtral":
             raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family configs, "
                              f"not {s.family.value}")
     if req.micro_batch <= 0 or req.seq_len <= 0:
@@ -469,7 +486,7 @@ def trace_config(req: TraceRequest) -> Graph:
     else:
         spec_t = req.spec.with_layers(req.traced_layers)
     n_traced = spec_t.num_layers
-    shard = Shard(req.tp, req.sequence_parallel and req.tp > 1, req.recompute)
+    shard = Shard(req.tp, req.sequence_parallel and req.tp > 1, req.recompute, req.ep)
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     with FakeTensorMode(allow_non_fake_inputs=False):
         model = _construct(lambda: build_model(spec_t, shard, req.framework), torch_dtype(st.param_dtype))
@@ -544,7 +561,9 @@ def trace_config(req: TraceRequest) -> Graph:
     # named_parameters() lists a tied LM head once, under the embedding
     grad_bytes = sum(rounded(p.numel * torch_dtype(p.dtype).itemsize) for p in records_params)
     extra: dict[str, Any] = {"trace_s": round(time.perf_counter() - t0, 3), "framework": req.framework}
-    if req.spec.builder.value == "hf":
+    if req.ep > 1:
+        extra["ep"] = req.ep
+    if req.spec.builder.value == "hf" and req.framework != "megatron":
         import transformers
 
         from .hf_models import MODELLED_TRANSFORMERS

@@ -16,7 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 from tp_query.schema.model_config import ArchFamily, ModelSpec
 
-from .models import CausalLM, Shard, TPRegion, _ReduceFromTP, _ScatterSP, emit_comm
+from .models import CausalLM, Shard, TPRegion, _ReduceFromTP, _ScatterSP, emit_comm, emit_sync
+
+# what the local spec builds here: dense Llama-shaped models, and Mixtral-shaped MoE (no shared experts,
+# no qk-norm, softmax over the top-k logits)
+MEGATRON_FAMILIES = (ArchFamily.LLAMA, ArchFamily.MIXTRAL)
 
 
 class MegatronRMSNorm(nn.Module):
@@ -104,15 +108,181 @@ class MegatronMLP(nn.Module):
         return self.linear_fc2(F.silu(a) * g)
 
 
+# ---------------------------------------------------------------------------------------------
+# Mixture of experts: MoELayer with the local spec (TopKRouter, the all-to-all token dispatcher,
+# SequentialMLP experts), megatron-core 0.19.2 without Transformer Engine or fusions
+# ---------------------------------------------------------------------------------------------
+
+MOE_AUX_LOSS_COEFF = 1e-2  # --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2 (Mixtral recipes)
+
+
+class _AllToAllEP(torch.autograd.Function):
+    """tensor_parallel.mappings._AllToAll over the expert-parallel group: all-to-all forward, the reverse
+    all-to-all backward (balanced routing: the same shape both ways)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        emit_comm("all_to_all", x, "ep")
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        g = g.contiguous()
+        emit_comm("all_to_all", g, "ep")
+        return torch.empty_like(g)
+
+
+class _RouterGating(torch.autograd.Function):
+    """moe_utils.RouterGatingLinearFunction without TE: mm in the router dtype (the input's by default)."""
+
+    @staticmethod
+    def forward(ctx: Any, inp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inp, weight)
+        shape = inp.shape
+        out = torch.mm(inp.view(-1, shape[-1]).to(inp.dtype), weight.to(inp.dtype).t())
+        return out.view(*shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inp, weight = ctx.saved_tensors
+        shape = inp.shape
+        inp2 = inp.view(-1, shape[-1])
+        grad2 = grad.view(-1, grad.shape[-1])
+        grad_input = torch.mm(grad2, weight.to(inp.dtype)).to(inp.dtype)
+        grad_weight = torch.mm(grad2.t(), inp2.to(inp.dtype)).to(weight.dtype)
+        return grad_input.view(*shape), grad_weight
+
+
+class _AuxLossScaler(torch.autograd.Function):
+    """MoEAuxLossAutoScaler: identity on the probabilities; backward seeds the aux loss's gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, probs: torch.Tensor, aux_loss: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(aux_loss)
+        return probs
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (aux_loss,) = ctx.saved_tensors
+        return grad, torch.ones_like(aux_loss) * 1.0
+
+
+def balanced_splits(total: int, parts: int) -> list[int]:
+    """Rows per part when `total` routed tokens spread evenly (the remainder to the first parts)."""
+    q, r = divmod(total, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+class MegatronExpert(nn.Module):
+    """One expert of SequentialMLP: MLP(is_expert=True) with the probabilities applied after the GLU."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        f = spec.moe_intermediate_size
+        self.linear_fc1 = nn.Linear(spec.hidden_size, 2 * f, bias=False)
+        self.linear_fc2 = nn.Linear(f, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        a, g = torch.chunk(self.linear_fc1(x), 2, dim=-1)
+        h = F.silu(a) * (g + 0.0)  # glu with glu_linear_offset 0.0
+        dtype = h.dtype
+        h = (h * probs.unsqueeze(-1)).to(dtype)
+        return self.linear_fc2(h)
+
+
+class SequentialMLP(nn.Module):
+    def __init__(self, spec: ModelSpec, local: int) -> None:
+        super().__init__()
+        self.local_experts = nn.ModuleList([MegatronExpert(spec) for _ in range(local)])
+
+
+class MegatronMoE(nn.Module):
+    """MoELayer: TopKRouter (softmax over the top-k logits, aux loss), MoEAlltoAllTokenDispatcher
+    (argsort permutation, all-to-all of tokens and probabilities over EP, chunks sorted by local expert),
+    SequentialMLP (one MLP per local expert on its rows), and the way back (un-sort, all-to-all,
+    scatter-add). Routing is balanced: every expert receives tokens x top-k / experts rows from each rank.
+    The dispatcher copies the token counts to the host and synchronises once per forward."""
+
+    def __init__(self, spec: ModelSpec, shard: Shard) -> None:
+        super().__init__()
+        self.E, self.k, self.ep = spec.num_experts, spec.experts_per_token, shard.ep
+        self.local = self.E // self.ep
+        self.router = nn.Module()
+        self.router.weight = nn.Parameter(torch.empty(self.E, spec.hidden_size))
+        self.experts = SequentialMLP(spec, self.local)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s, b, h = x.shape
+        T, E, k = s * b, self.E, self.k
+        logits = _RouterGating.apply(x, self.router.weight).view(-1, E)
+        scores, top = torch.topk(logits, k=k, dim=1, sorted=True)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).type_as(logits)
+        routing_probs = torch.zeros_like(logits).scatter(1, top, probs)
+        routing_map = torch.zeros_like(logits).int().scatter(1, top, 1).bool()
+        # aux loss (compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func)
+        aux_scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        _, aux_top = torch.topk(aux_scores, k=k, dim=1)
+        aux_map = torch.zeros_like(logits).int().scatter(1, aux_top, 1).bool()
+        tokens_per_expert = aux_map.sum(dim=0)
+        aux_loss = torch.sum(aux_scores.sum(dim=0) * tokens_per_expert) * (E * MOE_AUX_LOSS_COEFF / (k * T * T))
+        routing_probs = _AuxLossScaler.apply(routing_probs, aux_loss)
+        # dispatcher preprocess: counts, then the device-to-host copy and its synchronisation
+        local_counts = routing_map.sum(dim=0).long()
+        if self.ep > 1:
+            local_counts.reshape(self.ep, self.local).sum(dim=1)
+            gathered = local_counts.new_empty((self.ep * E,))
+            emit_comm("all_gather", gathered, "ep")
+            per_local = gathered.reshape(self.ep, 1, E).transpose(0, 1)[:, :, :self.local].contiguous()
+            per_local.sum(dim=2)
+            per_local.sum(dim=(0, 1))
+        emit_sync(local_counts)
+        # permute
+        rmap = routing_map.bool().T.contiguous()
+        flat_sorted = rmap.reshape(-1).argsort(descending=True, stable=True)[: T * k]
+        sorted_indices = flat_sorted % T
+        permuted_probs = routing_probs.T.contiguous().reshape(-1)[flat_sorted]
+        tokens = x.view(-1, h).index_select(0, sorted_indices)
+        if self.ep > 1:
+            tokens = _AllToAllEP.apply(tokens)
+            permuted_probs = _AllToAllEP.apply(permuted_probs)
+        chunks = balanced_splits(T * k, self.ep * self.local)  # [source rank][local expert]
+        order = [r * self.local + e for e in range(self.local) for r in range(self.ep)]
+        if self.local > 1:  # sort_chunks_by_idxs: group the rows of each local expert
+            parts_t = torch.split(tokens, chunks, dim=0)
+            tokens = torch.cat([parts_t[i] for i in order], dim=0)
+            parts_p = torch.split(permuted_probs, chunks, dim=0)
+            permuted_probs = torch.cat([parts_p[i] for i in order], dim=0)
+        per_expert = [sum(chunks[r * self.local + e] for r in range(self.ep)) for e in range(self.local)]
+        outs = []
+        for expert, t, p in zip(self.experts.local_experts, torch.split(tokens, per_expert),
+                                torch.split(permuted_probs, per_expert), strict=True):
+            outs.append(expert(t, p))
+        out = torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
+        if self.local > 1:  # restore the source-rank order
+            back = [chunks[i] for i in order]
+            inv = [order.index(i) for i in range(len(order))]
+            parts = torch.split(out, back, dim=0)
+            out = torch.cat([parts[i] for i in inv], dim=0)
+        if self.ep > 1:
+            out = _AllToAllEP.apply(out)
+        # unpermute: scatter-add back into token order
+        restored = torch.zeros((T, h), dtype=out.dtype, device=out.device)
+        restored.scatter_add_(0, sorted_indices.unsqueeze(1).expand(-1, h), out)
+        return restored.to(dtype=x.dtype).view(s, b, h)
+
+
 class MegatronLayer(nn.Module):
-    """TransformerLayer: norm, self-attention, bias-dropout-add (no bias, dropout 0: an add), norm, MLP, add."""
+    """TransformerLayer: norm, self-attention, bias-dropout-add (no bias, dropout 0: an add), norm, MLP
+    (or MoE), add."""
 
     def __init__(self, spec: ModelSpec, shard: Shard) -> None:
         super().__init__()
         self.input_layernorm = MegatronRMSNorm(spec.hidden_size, spec.norm_eps)
         self.self_attention = MegatronAttention(spec, shard)
         self.pre_mlp_layernorm = MegatronRMSNorm(spec.hidden_size, spec.norm_eps)
-        self.mlp = MegatronMLP(spec, shard)
+        self.mlp: nn.Module = MegatronMoE(spec, shard) if spec.is_moe else MegatronMLP(spec, shard)
         self.region = TPRegion(shard)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -226,8 +396,9 @@ class MegatronGPT(CausalLM):
 
     def __init__(self, spec: ModelSpec, shard: Shard) -> None:
         nn.Module.__init__(self)
-        if spec.family != ArchFamily.LLAMA:
-            raise ValueError(f"Megatron-Core's local GPT spec is modelled for Llama-family configs, not {spec.family}")
+        if spec.family not in MEGATRON_FAMILIES:
+            raise ValueError(f"Megatron-Core's local GPT spec is modelled for Llama-family and Mixtral configs, "
+                             f"not {spec.family}")
         self.spec = spec
         self.shard = shard
         self.embed = MegatronEmbed(spec, shard)  # type: ignore[assignment]

@@ -62,6 +62,7 @@ class Shard:
     tp: int = 1
     sequence_parallel: bool = False
     recompute: bool = False
+    ep: int = 1  # expert parallelism: each rank holds num_experts / ep routed experts (Megatron-Core)
 
 
 # ---------------------------------------------------------------------------------------------
