@@ -46,6 +46,7 @@ class IndexArg:
     arg: int
     bound_arg: int  # argument that gives the bound
     bound_dim: int | None = None  # dimension of that tensor argument; None: the argument is an int
+    dim_arg: int | None = None  # the call's argument that names that dimension (scatter/gather's `dim`)
 
 
 @dataclass(frozen=True)
@@ -177,11 +178,14 @@ INDEX_ARGS_BY_OP: dict[str, tuple[IndexArg, ...]] = {
     "aten.index_select.default": (IndexArg(2, 0, 0),),
     "aten.index_add.default": (IndexArg(2, 0, 0),),
     "aten.index_add_.default": (IndexArg(2, 0, 0),),
-    "aten.scatter.src": (IndexArg(2, 0, -1),),
-    "aten.scatter_.src": (IndexArg(2, 0, -1),),
-    "aten.scatter_add.default": (IndexArg(2, 0, -1),),
-    "aten.scatter_add_.default": (IndexArg(2, 0, -1),),
-    "aten.gather.default": (IndexArg(2, 0, -1),),
+    # scatter/gather index along their `dim` argument (self's size there bounds the index)
+    "aten.scatter.src": (IndexArg(2, 0, -1, dim_arg=1),),
+    "aten.scatter_.src": (IndexArg(2, 0, -1, dim_arg=1),),
+    "aten.scatter.value": (IndexArg(2, 0, -1, dim_arg=1),),
+    "aten.scatter_.value": (IndexArg(2, 0, -1, dim_arg=1),),
+    "aten.scatter_add.default": (IndexArg(2, 0, -1, dim_arg=1),),
+    "aten.scatter_add_.default": (IndexArg(2, 0, -1, dim_arg=1),),
+    "aten.gather.default": (IndexArg(2, 0, -1, dim_arg=1),),
 }
 
 

@@ -82,6 +82,23 @@ def test_index_operators_get_valid_uniform_indices() -> None:
     assert len(torch.unique(idx)) > 32  # spread over the rows, not piled on two
 
 
+@pytest.mark.parametrize("op,sig,bound", [
+    # Megatron's unpermute: an expanded index into the token rows along dim 0 (the hidden size is larger)
+    ("aten.scatter_add_.default", '{"a":[{"T":[512,1024],"d":"bf16"},0,{"T":[1024,1024],"d":"i64","s":[1,0]},'
+                                  '{"T":[1024,1024],"d":"bf16"}]}', 512),
+    ("aten.gather.default", '{"a":[{"T":[512,1024],"d":"bf16"},0,{"T":[1024,1024],"d":"i64","s":[1,0]}]}', 512),
+    # the router's routing map: top-k expert ids along dim 1
+    ("aten.scatter.value", '{"a":[{"T":[2048,8],"d":"i32"},1,{"T":[2048,2],"d":"i64"},1]}', 8),
+])
+def test_scatter_gather_indices_bounded_along_their_dim(op: str, sig: str, bound: int) -> None:
+    from tp_query.engine.trace.torchargs import materialize
+
+    args, _ = materialize(OpCall.from_json_str(op, sig), torch.device("cpu"))
+    idx = args[2]
+    assert int(idx.min()) >= 0 and int(idx.max()) < bound
+    assert int(idx.max()) >= bound // 2  # spread over the valid range
+
+
 def test_grouped_gemm_features_and_balanced_offsets() -> None:
     from tp_query.collector.replay import balanced_offsets
 

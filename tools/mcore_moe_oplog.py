@@ -79,7 +79,7 @@ def compare(out_dir: Path) -> None:
         real = json.loads((out_dir / f"mcore-moe-oplog-ep{ep}.json").read_text())
         g = trace_config(TraceRequest(spec, Setting("mp_bf16"), 1, SEQ, 1, framework="megatron", ep=ep))
         ours = Counter(o.op.removeprefix("aten.") for o in g.ops if not o.op.startswith("comm."))
-        theirs = Counter(c[0] for c in real)
+        theirs = Counter(".".join(c[0].split(".")[-2:]) for c in real)
         names = sorted(set(ours) | set(theirs))
         print(f"ep={ep}: real {sum(theirs.values())} calls, engine {sum(ours.values())}")
         for n in names:

@@ -106,7 +106,10 @@ def _bound(call: OpCall, ia: IndexArg) -> int:
     src = call.args[ia.bound_arg]
     if ia.bound_dim is None:
         return int(src)
-    return int(src.shape[ia.bound_dim])  # type: ignore[union-attr]
+    dim = ia.bound_dim
+    if ia.dim_arg is not None and ia.dim_arg < len(call.args) and isinstance(call.args[ia.dim_arg], int):
+        dim = int(call.args[ia.dim_arg])  # type: ignore[arg-type]
+    return int(src.shape[dim])  # type: ignore[union-attr]
 
 
 def materialize(call: OpCall, device: torch.device) -> tuple[tuple[Any, ...], dict[str, Any]]:
