@@ -44,7 +44,8 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
             micro_batch: int = 1, global_batch: int | None = None, seq_len: int = 4096, optimizer: str = "adamw",
             sequence_parallel: bool = False, zero: int = 0, recompute: bool = False, strict: bool = False,
             with_ops: bool = False, framework: str = "torch", pp_schedule: str = "1f1b",
-            ddp_bucket_view: bool = False, ep: int = 1, parallel: ParallelConfig | None = None) -> Prediction:
+            ddp_bucket_view: bool = False, ep: int = 1, moe_imbalance: float = 1.0,
+            parallel: ParallelConfig | None = None) -> Prediction:
     """One prediction; the split as keywords, or as a ParallelConfig (`parallel=`) which then wins."""
     cfg, name = _model(model)
     par = parallel or ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
@@ -52,7 +53,8 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
                                      pp_schedule=pp_schedule, framework=framework, ddp_bucket_view=ddp_bucket_view,
                                      ep=ep)
     req = PredictRequest(model=cfg, model_name=name, gpu=gpu, setting=Setting(precision), parallel=par,
-                         seq_len=seq_len, optimizer=optimizer, strict=strict, db_root=db)
+                         seq_len=seq_len, optimizer=optimizer, strict=strict, db_root=db,
+                         moe_imbalance=moe_imbalance)
     return engine(gpu, db).predict(req, with_ops=with_ops)
 
 

@@ -6,6 +6,7 @@ Every error a user can fix is one line on stderr with exit code 2 (no traceback)
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -54,6 +55,8 @@ FrameworkOpt = Annotated[str, typer.Option("--framework", help="torch (DDP/FSDP2
 PipeOpt = Annotated[str, typer.Option("--pp-schedule", help="1f1b | gpipe | interleaved (2 chunks per rank)")]
 BucketViewOpt = Annotated[bool, typer.Option("--ddp-bucket-view", help="DDP(gradient_as_bucket_view=True)")]
 EpOpt = Annotated[int, typer.Option("--ep", help="expert-parallel degree (MoE, --framework megatron; divides DP)")]
+ImbalanceOpt = Annotated[float, typer.Option("--moe-imbalance", help="MoE: the busiest expert's tokens over the mean "
+                                             "(1 = balanced routing; --framework megatron)")]
 SystemOpt = Annotated[str | None, typer.Option("--system", help="a TOML system file or a preset "
                                                "(h200-sxm-8x-ndr, h100-sxm-8x-ndr): GPUs per node, links, price")]
 
@@ -73,7 +76,7 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
              micro_batch: int | None,
              global_batch: int | None, optimizer: str, sequence_parallel: bool, zero: int, recompute: str,
              strict: bool, db: str | None, framework: str = "torch", pp_schedule: str = "1f1b",
-             ddp_bucket_view: bool = False, ep: int = 1) -> Any:
+             ddp_bucket_view: bool = False, ep: int = 1, moe_imbalance: float = 1.0) -> Any:
     from tp_query.engine.parallel import ParallelConfig
     from tp_query.engine.predict import PredictRequest
 
@@ -98,8 +101,10 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
     par = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
                          sequence_parallel=sequence_parallel, zero=zero, recompute=recompute == "full",
                          pp_schedule=pp_schedule, framework=framework, ddp_bucket_view=ddp_bucket_view, ep=ep)
+    if not math.isfinite(moe_imbalance) or moe_imbalance < 1.0:
+        raise UserError(f"--moe-imbalance must be a finite number >= 1, got {moe_imbalance}")
     return PredictRequest(model=obj, model_name=name, gpu=gpu, setting=precision, parallel=par, seq_len=seq_len,
-                          optimizer=optimizer, strict=strict, db_root=db)
+                          optimizer=optimizer, strict=strict, db_root=db, moe_imbalance=moe_imbalance)
 
 
 class _Progress:
@@ -186,6 +191,7 @@ def predict(
     pp_schedule: PipeOpt = "1f1b",
     ddp_bucket_view: BucketViewOpt = False,
     ep: EpOpt = 1,
+    moe_imbalance: ImbalanceOpt = 1.0,
     system: SystemOpt = None,
 ) -> None:
     """Predict one training iteration: time, breakdown, peak memory and a fits/OOM verdict."""
@@ -194,7 +200,8 @@ def predict(
 
     def go() -> None:
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
-                       sequence_parallel, zero, recompute, strict, db, framework, pp_schedule, ddp_bucket_view, ep)
+                       sequence_parallel, zero, recompute, strict, db, framework, pp_schedule, ddp_bucket_view, ep,
+                       moe_imbalance)
         with _Status("predicting (a new model or split is traced first: seconds)"):
             p = run(req, system=_system(system))
         if as_json:

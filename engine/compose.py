@@ -170,8 +170,12 @@ class Composer:
         return {p.name: i for i, p in enumerate(self.traced_params)}
 
     # -- optimizer ----------------------------------------------------------------------------
-    def optimizer_items(self, params: list[ParamRecord], zero_shards: int) -> list[Item]:
-        """The traced optimizer step rebuilt for `params` (sharded 1/zero_shards each under ZeRO)."""
+    def optimizer_items(self, params: list[ParamRecord], zero_shards: int, expert_shards: int | None = None
+                        ) -> list[Item]:
+        """The traced optimizer step rebuilt for `params` (sharded 1/zero_shards each under ZeRO; routed
+        experts 1/expert_shards: their replicas under expert parallelism)."""
+        ex = zero_shards if expert_shards is None else expert_shards
+        shards = [ex if ".experts." in p.name else zero_shards for p in params]
         n_traced = len(self.traced_params)
         index = self._traced_index()
         tl = self.template_layer
@@ -188,7 +192,7 @@ class Composer:
         def remap(v: object) -> object:
             if isinstance(v, list) and len(v) == n_traced and n_traced > 0:
                 if all(isinstance(x, TensorSpec) for x in v):
-                    return [_shard(v[i], zero_shards) for i in order]
+                    return [_shard(v[i], shards[j]) for j, i in enumerate(order)]
                 return [v[i] for i in order]
             return v
 
@@ -261,17 +265,19 @@ class Composer:
                 bwd_parts = ([(Section.HEAD, 1)] if last else []) + [(Section.LAYER, n)] + \
                     ([(Section.EMBED, 1)] if first else [])
             shards = par.dp if par.zero >= 1 else 1
+            expert_shards = par.expert_dp if par.zero >= 1 else 1
             # PyTorch DDP's own kernels (Megatron-Core scales its gradient buffer in its DDP model instead)
             ddp_dp = par.dp if par.zero == 0 and par.framework == "torch" else 1
             key = (self.param_key, first, last, n, shards, par.micro_batches > 1 and par.zero < 2, ddp_dp,
-                   par.ddp_bucket_view)
+                   par.ddp_bucket_view, expert_shards)
             cached = self._stage_cache.get(key)
             if cached is None:
                 # each piece once per what it depends on: a search over DP re-uses the parameter list, the
                 # optimizer step (unless ZeRO shards it) and the gradient accumulation
                 base = (self.param_key, first, last, n)
                 params = self._sub(("params", *base), functools.partial(self.stage_params, first, last, n))
-                opt = self._sub(("opt", *base, shards), functools.partial(self.optimizer_items, params, shards))
+                opt = self._sub(("opt", *base, shards, expert_shards),
+                                functools.partial(self.optimizer_items, params, shards, expert_shards))
                 accum = self._sub(("accum", *base), functools.partial(self.accumulate_items, params)) \
                     if key[5] else []
                 ddp = self._sub(("ddp", *base, par.dp, par.ddp_bucket_view), functools.partial(

@@ -78,7 +78,5 @@ class ParallelConfig:
         if self.ep > 1 and self.framework != "megatron":
             raise PlanError("expert parallelism is modelled as Megatron-Core runs it (all-to-all token dispatcher): "
                             "use --framework megatron")
-        if self.ep > 1 and self.zero >= 2:
-            raise PlanError("expert parallelism with ZeRO-2/3 is not modelled (Megatron-Core: --zero 1)")
         if self.framework == "megatron" and self.pp_schedule == "gpipe":
             raise PlanError("Megatron-Core's schedules are 1F1B and interleaved 1F1B, not GPipe")

@@ -69,6 +69,7 @@ class PredictRequest:
     optimizer: str = "adamw"
     strict: bool = False
     db_root: str | None = None
+    moe_imbalance: float = 1.0  # MoE routing: the busiest expert's rows over the mean (1: balanced)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ def _trace_fields(req: PredictRequest) -> dict[str, Any]:
     par = req.parallel
     return {"setting": req.setting.value, "mb": par.micro_batch, "seq": req.seq_len, "tp": par.tp,
             "sp": par.sequence_parallel and par.tp > 1, "rc": par.recompute, "opt": req.optimizer,
-            "fw": par.framework, **({"ep": par.ep} if par.ep > 1 else {})}
+            "fw": par.framework, **({"ep": par.ep} if par.ep > 1 else {}),
+            **({"imb": req.moe_imbalance} if req.moe_imbalance != 1.0 else {})}
 
 
 def _installed_version(package: str, missing: str) -> str:
@@ -164,10 +166,12 @@ def graph_for(req: PredictRequest) -> Graph:
         traced = {"precision": g.meta.setting, "seq-len": g.meta.seq_len, "micro-batch": g.meta.micro_batch,
                   "tp": g.meta.tp, "sequence-parallel": g.meta.sequence_parallel, "recompute": g.meta.recompute,
                   "optimizer": g.meta.optimizer, "framework": g.meta.extra.get("framework", "torch"),
-                  "ep": int(g.meta.extra.get("ep", 1))}
+                  "ep": int(g.meta.extra.get("ep", 1)),
+                  "moe-imbalance": float(g.meta.extra.get("moe_imbalance", 1.0))}
         asked = {"precision": req.setting.value, "seq-len": req.seq_len, "micro-batch": par.micro_batch,
                  "tp": par.tp, "sequence-parallel": par.sequence_parallel and par.tp > 1,
-                 "recompute": par.recompute, "optimizer": req.optimizer, "framework": par.framework, "ep": par.ep}
+                 "recompute": par.recompute, "optimizer": req.optimizer, "framework": par.framework, "ep": par.ep,
+                 "moe-imbalance": req.moe_imbalance}
         if g.meta.source == "module":  # a user's module: its own shapes; tp is 1 by construction
             for k in ("seq-len", "micro-batch"):
                 traced.pop(k)
@@ -197,7 +201,7 @@ def graph_for(req: PredictRequest) -> Graph:
         par = req.parallel
         g = trace_config(TraceRequest(spec, req.setting, par.micro_batch, req.seq_len, par.tp,
                                       par.sequence_parallel, par.recompute, req.optimizer, framework=par.framework,
-                                      ep=par.ep))
+                                      ep=par.ep, moe_imbalance=req.moe_imbalance))
     except TraceError as e:
         raise PredictError(str(e)) from None
     try:
@@ -882,10 +886,11 @@ class _Assemble:
         m = self.g.meta.model if self.g.meta.source == "config" else {}
         if not m:
             return {"source": self.g.meta.source}
+        megatron = self.par.framework == "megatron"
         out: dict[str, Any] = {
             "family": m.get("family"),
-            "builder": "transformers' own modules (SDPA)" if m.get("builder") == "hf"
-            else ("Megatron-Core local spec" if self.par.framework == "megatron" else "op-for-op copy of transformers"),
+            "builder": "Megatron-Core local spec" if megatron else (
+                "transformers' own modules (SDPA)" if m.get("builder") == "hf" else "op-for-op copy of transformers"),
         }
         types = m.get("layer_types") or []
         if types:
@@ -893,8 +898,15 @@ class _Assemble:
             out["sliding_window"] = m.get("sliding_window")
         if m.get("num_experts"):
             e, k = int(m["num_experts"]), int(m["experts_per_token"])
-            out["moe_routing"] = (f"balanced: each of {e} experts receives tokens x {k} / {e} rows (grouped GEMMs "
-                                  "timed with equal groups; a skewed router is not modelled)")
+            experts = (f"SequentialMLP, {e // self.par.ep} local experts per rank, all-to-all over EP={self.par.ep}"
+                       if megatron else "grouped GEMMs timed with equal groups")
+            imb = self.req.moe_imbalance
+            out["moe_routing"] = (
+                f"balanced: each of {e} experts receives tokens x {k} / {e} rows ({experts}; "
+                + ("--moe-imbalance skews it)" if megatron else "a skewed router is modelled with --framework megatron)")
+                if imb == 1.0 else
+                f"skewed (--moe-imbalance {imb:g}): the busiest expert receives {imb:g} x tokens x {k} / {e} rows, "
+                f"the others share the rest evenly; this rank hosts it ({experts})")
         return out
 
     def _op_rows(self, rows: dict[tuple[str, str], list[Any]]) -> list[OpRow]:

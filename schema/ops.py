@@ -66,11 +66,20 @@ class FamilySpec:
         return tuple(f.get(x) for x in self.exact)
 
 
+# The dimensions that are leading dimensions (row strides) of A, B or C in each row-major layout: C[m, n]
+# and A[m, k] ("n") or A stored [k, m] ("t"), B[k, n] ("n") or B stored [n, k] ("t").
+_LEADING_DIMS = {"nn": ("k", "n"), "nt": ("k", "n"), "tn": ("m", "n"), "tt": ("m", "k", "n")}
+
+
 def _gemm_alignment(f: dict[str, Any]) -> dict[str, Any]:
     """cuBLAS's fast Hopper kernels need 16-byte aligned leading dimensions: an odd vocabulary
-    (GPT-2's 50257) lands on much slower kernels, so alignment is part of the category."""
-    dims = [f.get("m") or 0, f.get("n") or 0, f.get("k") or 0]
-    return {"aligned": all(d % 8 == 0 for d in dims)}
+    (GPT-2's 50257) lands on much slower kernels, so alignment is part of the category. Only the leading
+    dimensions count (measured on an H200, bf16 4096^3: m = 4097 in "nn"/"nt" or k = 4097 in "tn" runs at
+    the aligned time, 179-184 us; any leading dimension at 4095/4097 takes 890-1450 us): a token count
+    that is no multiple of 8, as MoE routing gives each expert, keeps the fast kernels."""
+    lay = str(f.get("layout") or "").split(":")[0]
+    names = _LEADING_DIMS.get(lay, ("m", "n", "k"))
+    return {"aligned": all((f.get(d) or 0) % 8 == 0 for d in names)}
 
 
 FAMILIES: dict[Family, FamilySpec] = {

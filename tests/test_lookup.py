@@ -95,6 +95,18 @@ def test_unaligned_shapes_are_their_own_category() -> None:
     assert lm.estimate([q])[q.key].source == Source.EXTRAPOLATED
 
 
+def test_only_leading_dimensions_decide_alignment() -> None:
+    """A row count that is no multiple of 8 (an MoE expert's routed tokens) is not a leading dimension in
+    "nt": the query blends among the aligned points; an unaligned reduction dimension (a row stride) does not."""
+    lm = LatencyModel(table(power_law_us, GRID), H200)
+    rows = query(1756, 2048, 2048)
+    e = lm.estimate([rows])[rows.key]
+    assert e.source == Source.INTERPOLATED
+    assert e.cold_us == pytest.approx(power_law_us(1756, 2048, 2048), rel=0.05)
+    stride = query(2048, 2048, 1756)
+    assert lm.estimate([stride])[stride.key].source == Source.EXTRAPOLATED
+
+
 def test_other_layout_is_a_relaxed_category() -> None:
     lm = LatencyModel(table(compute_bound_us, GRID), H200)
     q = query(2048, 2048, 2048, layout="tn")

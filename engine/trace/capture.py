@@ -69,6 +69,7 @@ class TraceRequest:
     traced_layers: int = 2
     framework: str = "torch"  # torch: the HuggingFace modules; megatron: Megatron-Core's local GPT spec
     ep: int = 1  # expert parallelism (Megatron-Core MoE): routed experts per rank = num_experts / ep
+    moe_imbalance: float = 1.0  # the busiest expert's routed rows over the mean (Megatron-Core MoE)
 
 
 class MegatronOptimizer:
@@ -400,6 +401,16 @@ def _validate(req: TraceRequest) -> None:
     if req.ep > 1 and req.framework != "megatron":
         raise TraceError("expert parallelism is modelled as Megatron-Core runs it (all-to-all token dispatcher): "
                          "use --framework megatron; PyTorch-native EP is not modelled")
+    if req.moe_imbalance != 1.0:
+        if not s.is_moe:
+            raise TraceError("--moe-imbalance needs a mixture-of-experts model")
+        top = s.num_experts / s.experts_per_token
+        if not 1.0 <= req.moe_imbalance <= top:
+            raise TraceError(f"--moe-imbalance must be within [1, experts / top-k = {top:g}] (an expert receives "
+                             f"each token at most once), got {req.moe_imbalance:g}")
+        if req.framework != "megatron":
+            raise TraceError("--moe-imbalance is modelled for --framework megatron (its experts run one GEMM each); "
+                             "transformers' grouped GEMMs are measured with equal groups only")
     if s.is_moe and s.num_experts % req.ep:
         raise TraceError(f"EP={req.ep} does not divide the {s.num_experts} routed experts")
     if req.framework == "megatron":
@@ -486,7 +497,7 @@ def trace_config(req: TraceRequest) -> Graph:
     else:
         spec_t = req.spec.with_layers(req.traced_layers)
     n_traced = spec_t.num_layers
-    shard = Shard(req.tp, req.sequence_parallel and req.tp > 1, req.recompute, req.ep)
+    shard = Shard(req.tp, req.sequence_parallel and req.tp > 1, req.recompute, req.ep, req.moe_imbalance)
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     with FakeTensorMode(allow_non_fake_inputs=False):
         model = _construct(lambda: build_model(spec_t, shard, req.framework), torch_dtype(st.param_dtype))
@@ -563,6 +574,8 @@ def trace_config(req: TraceRequest) -> Graph:
     extra: dict[str, Any] = {"trace_s": round(time.perf_counter() - t0, 3), "framework": req.framework}
     if req.ep > 1:
         extra["ep"] = req.ep
+    if req.moe_imbalance != 1.0:
+        extra["moe_imbalance"] = req.moe_imbalance
     if req.spec.builder.value == "hf" and req.framework != "megatron":
         import transformers
 

@@ -117,21 +117,23 @@ MOE_AUX_LOSS_COEFF = 1e-2  # --moe-router-load-balancing-type aux_loss --moe-aux
 
 
 class _AllToAllEP(torch.autograd.Function):
-    """tensor_parallel.mappings._AllToAll over the expert-parallel group: all-to-all forward, the reverse
-    all-to-all backward (balanced routing: the same shape both ways)."""
+    """tensor_parallel.mappings._AllToAll over the expert-parallel group: all-to-all(-v) forward into `rows`
+    rows, the reverse backward. Priced on the larger of what the rank sends and receives."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, rows: int) -> torch.Tensor:
         x = x.contiguous()
-        out = torch.empty_like(x)
-        emit_comm("all_to_all", x, "ep")
+        ctx.rows_in = x.shape[0]
+        out = x.new_empty((rows, *x.shape[1:]))
+        emit_comm("all_to_all", out if rows > x.shape[0] else x, "ep")
         return out
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
         g = g.contiguous()
-        emit_comm("all_to_all", g, "ep")
-        return torch.empty_like(g)
+        out = g.new_empty((ctx.rows_in, *g.shape[1:]))
+        emit_comm("all_to_all", out if ctx.rows_in > g.shape[0] else g, "ep")
+        return out, None
 
 
 class _RouterGating(torch.autograd.Function):
@@ -169,10 +171,16 @@ class _AuxLossScaler(torch.autograd.Function):
         return grad, torch.ones_like(aux_loss) * 1.0
 
 
-def balanced_splits(total: int, parts: int) -> list[int]:
-    """Rows per part when `total` routed tokens spread evenly (the remainder to the first parts)."""
-    q, r = divmod(total, parts)
-    return [q + (1 if i < r else 0) for i in range(parts)]
+def expert_rows(tokens: int, experts: int, topk: int, imbalance: float = 1.0) -> list[int]:
+    """Rows each expert receives from `tokens` tokens routed to `topk` experts each: balanced (the
+    remainder to the first experts), or with expert 0 at `imbalance` x the mean and the rest even."""
+    total = tokens * topk
+    hot = min(round(imbalance * total / experts), tokens, total) if imbalance != 1.0 else None
+    if hot is None or experts == 1:
+        q, r = divmod(total, experts)
+        return [q + (1 if i < r else 0) for i in range(experts)]
+    q, r = divmod(total - hot, experts - 1)
+    return [hot] + [q + (1 if i < r else 0) for i in range(experts - 1)]
 
 
 class MegatronExpert(nn.Module):
@@ -202,13 +210,15 @@ class MegatronMoE(nn.Module):
     """MoELayer: TopKRouter (softmax over the top-k logits, aux loss), MoEAlltoAllTokenDispatcher
     (argsort permutation, all-to-all of tokens and probabilities over EP, chunks sorted by local expert),
     SequentialMLP (one MLP per local expert on its rows), and the way back (un-sort, all-to-all,
-    scatter-add). Routing is balanced: every expert receives tokens x top-k / experts rows from each rank.
+    scatter-add). Routing is balanced (every expert receives tokens x top-k / experts rows from each rank)
+    or skewed: expert 0, on this rank, receives moe_imbalance x the mean.
     The dispatcher copies the token counts to the host and synchronises once per forward."""
 
     def __init__(self, spec: ModelSpec, shard: Shard) -> None:
         super().__init__()
         self.E, self.k, self.ep = spec.num_experts, spec.experts_per_token, shard.ep
         self.local = self.E // self.ep
+        self.imbalance = shard.moe_imbalance  # this rank hosts the busiest expert: the step waits for it
         self.router = nn.Module()
         self.router.weight = nn.Parameter(torch.empty(self.E, spec.hidden_size))
         self.experts = SequentialMLP(spec, self.local)
@@ -244,10 +254,12 @@ class MegatronMoE(nn.Module):
         sorted_indices = flat_sorted % T
         permuted_probs = routing_probs.T.contiguous().reshape(-1)[flat_sorted]
         tokens = x.view(-1, h).index_select(0, sorted_indices)
+        # every rank routes alike: from each source rank, local expert e receives rows[e]
+        rows = expert_rows(T, E, k, self.imbalance)[: self.local]
+        chunks = rows * self.ep  # [source rank][local expert]
         if self.ep > 1:
-            tokens = _AllToAllEP.apply(tokens)
-            permuted_probs = _AllToAllEP.apply(permuted_probs)
-        chunks = balanced_splits(T * k, self.ep * self.local)  # [source rank][local expert]
+            tokens = _AllToAllEP.apply(tokens, sum(chunks))
+            permuted_probs = _AllToAllEP.apply(permuted_probs, sum(chunks))
         order = [r * self.local + e for e in range(self.local) for r in range(self.ep)]
         if self.local > 1:  # sort_chunks_by_idxs: group the rows of each local expert
             parts_t = torch.split(tokens, chunks, dim=0)
@@ -266,7 +278,7 @@ class MegatronMoE(nn.Module):
             parts = torch.split(out, back, dim=0)
             out = torch.cat([parts[i] for i in inv], dim=0)
         if self.ep > 1:
-            out = _AllToAllEP.apply(out)
+            out = _AllToAllEP.apply(out, T * k)
         # unpermute: scatter-add back into token order
         restored = torch.zeros((T, h), dtype=out.dtype, device=out.device)
         restored.scatter_add_(0, sorted_indices.unsqueeze(1).expand(-1, h), out)

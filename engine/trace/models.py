@@ -63,6 +63,7 @@ class Shard:
     sequence_parallel: bool = False
     recompute: bool = False
     ep: int = 1  # expert parallelism: each rank holds num_experts / ep routed experts (Megatron-Core)
+    moe_imbalance: float = 1.0  # the busiest expert's rows over the mean (1: balanced routing)
 
 
 # ---------------------------------------------------------------------------------------------

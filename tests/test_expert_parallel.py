@@ -1,0 +1,119 @@
+"""Expert parallelism and skewed routing as Megatron-Core runs them: the split is validated once, the
+traced MoE layer holds num_experts / EP experts and prices its all-to-alls over the EP group, expert
+gradients and optimizer shards follow their own replicas (DP / EP), and a skewed router makes the rank
+with the busiest expert do more work. Closed-form checks on tiny models; the CPU database is synthetic."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from tp_query.engine.parallel import ParallelConfig, PlanError
+from tp_query.engine.predict import Engine, PredictError, PredictRequest
+from tp_query.schema.model_config import parse_config
+from tp_query.schema.precision import Setting
+
+from .conftest import TINY_FAMILIES, TINY_LLAMA, run_cli
+
+torch = pytest.importorskip("torch")
+
+MIXTRAL = {**TINY_FAMILIES["mixtral"], "num_local_experts": 8, "num_hidden_layers": 2}
+
+
+def test_expert_rows_closed_form() -> None:
+    from tp_query.engine.trace.megatron_local import expert_rows
+
+    assert expert_rows(64, 8, 2) == [16] * 8
+    assert expert_rows(10, 4, 1) == [3, 3, 2, 2]
+    rows = expert_rows(64, 8, 2, 3.0)
+    assert rows[0] == 48 and sum(rows) == 128 and max(rows[1:]) - min(rows[1:]) <= 1
+    assert expert_rows(64, 8, 2, 4.0)[0] == 64  # every token: the most one expert can receive
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"dp": 2, "ep": 4, "framework": "megatron"}, "must divide DP"),
+    ({"dp": 2, "ep": 2}, "--framework megatron"),
+    ({"dp": 2, "ep": 2, "framework": "megatron", "zero": 3}, "--zero 1"),
+    ({"dp": 2, "ep": 0, "framework": "megatron"}, "EP must be a positive integer"),
+])
+def test_parallel_config_refuses_impossible_ep(kw: dict, msg: str) -> None:
+    with pytest.raises(PlanError, match=msg):
+        ParallelConfig(**kw)
+
+
+def _trace(ep: int, imbalance: float = 1.0):  # type: ignore[no-untyped-def]
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+
+    spec = parse_config(MIXTRAL, "tiny-mixtral")
+    return trace_config(TraceRequest(spec, Setting("mp_bf16"), 1, 64, 1, framework="megatron", ep=ep,
+                                     moe_imbalance=imbalance))
+
+
+def test_traced_moe_layer_splits_experts_and_prices_all_to_all_over_ep() -> None:
+    g1, g2 = _trace(1), _trace(2)
+    experts = lambda g: {p.name.split(".local_experts.")[1].split(".")[0]  # noqa: E731
+                         for p in g.params if ".local_experts." in p.name and p.layer == 0}
+    assert len(experts(g1)) == 8 and len(experts(g2)) == 4
+    comm = lambda g: Counter((o.op, json.loads(o.sig)["k"]["group"], o.phase.value)  # noqa: E731
+                             for o in g.ops if o.op.startswith("comm."))
+    c1, c2 = comm(g1), comm(g2)
+    assert not any(grp == "ep" for _, grp, _ in c1)
+    layers = g2.meta.traced_layers
+    # dispatch (tokens, probabilities) and combine, forward and backward, per MoE layer
+    assert c2[("comm.all_to_all", "ep", "fwd")] == 3 * layers
+    assert c2[("comm.all_to_all", "ep", "bwd")] == 3 * layers
+    assert c2[("comm.all_gather", "ep", "fwd")] == layers  # the token counts
+    # balanced: each rank sends and receives tokens x top-k rows
+    rows = {json.loads(o.sig)["a"][0]["T"][0] for o in g2.ops if o.op == "comm.all_to_all"}
+    assert rows == {64 * 2}
+
+
+def test_skewed_routing_loads_the_rank_with_the_busiest_expert() -> None:
+    g = _trace(2, imbalance=3.0)
+    rows = {json.loads(o.sig)["a"][0]["T"][0] for o in g.ops if o.op == "comm.all_to_all"}
+    # from each of 2 ranks: the hot expert 48 of 128 rows, the other 7 share 80 (12, 12, 12, 11, ...): rank 0
+    # receives 2 x (48 + 12 + 12 + 12) rows, and every all-to-all is priced on what it receives
+    assert rows == {2 * (48 + 12 + 12 + 12)}
+    from tp_query.engine.trace.capture import TraceError
+
+    with pytest.raises(TraceError, match="within"):
+        _trace(2, imbalance=5.0)
+
+
+@pytest.fixture(scope="module")
+def eng(cpu_db: Path) -> Engine:
+    return Engine("cpu", str(cpu_db))
+
+
+def _req(**par: object) -> PredictRequest:
+    return PredictRequest(model=MIXTRAL, model_name="tiny-mixtral", gpu="cpu", setting=Setting("mp_bf16"), seq_len=64,
+                          parallel=ParallelConfig(framework="megatron", **par))  # type: ignore[arg-type]
+
+
+def test_prediction_splits_expert_memory_and_prices_ep_comm(eng: Engine) -> None:
+    p1 = eng.predict(_req(dp=2))
+    p2 = eng.predict(_req(dp=2, ep=2))
+    assert "ep_comm_ms" not in p1.breakdown and p2.breakdown["ep_comm_ms"] > 0
+    assert p2.config["ep"] == 2
+    # experts are most of the tiny model's weights: halving them shrinks the weights by more than a third
+    assert p2.memory["weights_gib"] < 0.66 * p1.memory["weights_gib"]
+    # with EP = DP every expert has one replica: its gradients are not all-reduced
+    assert p2.breakdown["dp_comm_ms"] < p1.breakdown["dp_comm_ms"]
+    assert "all-to-all over EP=2" in p2.config["model_graph"]["moe_routing"]
+    # the distributed optimizer shards dense state over DP and expert state over DP / EP = 1
+    z = eng.predict(_req(dp=2, ep=2, zero=1))
+    assert z.memory["optimizer_gib"] < p2.memory["optimizer_gib"]
+
+
+def test_moe_refusals_are_one_line(eng: Engine, tmp_path: Path) -> None:
+    with pytest.raises(PredictError, match="mixture-of-experts"):
+        eng.predict(PredictRequest(model=TINY_LLAMA, gpu="cpu", seq_len=64,
+                                   parallel=ParallelConfig(dp=2, ep=2, framework="megatron")))
+    with pytest.raises(PredictError, match="framework megatron"):
+        eng.predict(PredictRequest(model=MIXTRAL, gpu="cpu", seq_len=64, moe_imbalance=2.0))
+    cfg = tmp_path / "m.json"
+    cfg.write_text(json.dumps(MIXTRAL))
+    r = run_cli("predict", str(cfg), "--moe-imbalance", "nan", "--framework", "megatron")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
