@@ -77,8 +77,14 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     if not graph.meta.traced_layers:
         act_mb = mp.fwd_end_bytes
     acts = int(in_flight * act_mb)
+    merged = 0
     if par.pp > 1 and stage.last and pipelining_retained_outputs(par.framework):
-        acts += m * _logits_bytes(graph, par)  # kept in the stage's output chunks until the step ends
+        kept_logits = m * _logits_bytes(graph, par)
+        acts += kept_logits  # kept in the stage's output chunks until the step ends
+        # ...where schedule.step() merges them (merge_chunks: a concatenated copy) while the chunks and every
+        # gradient are still live: one more copy of all micro-batches' logits (allocator trace, 2 x H200:
+        # 18.6 GiB of chunks and 18.6 GiB merged at the peak of 8 TF32 micro-batches)
+        merged = 2 * kept_logits
     if stage.last and graph.meta.traced_layers and sched == PipeSchedule.GPIPE and in_flight > 1:
         # GPipe runs every forward before the last stage's first backward: each micro-batch's loss activations
         # (the fp32 log-softmax) stay too, as measured on 2 x H200; the current one is in the head transient
@@ -93,8 +99,9 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     # DDP allocates its buckets when it wraps the model; gradient_as_bucket_view makes .grad views into them
     ddp_buckets = g if par.dp > 1 and par.zero == 0 and par.framework == "torch" else 0
     at_opt = w + o + (0 if ddp_buckets and par.ddp_bucket_view else g) + opt_transient
+    at_merge = w + o + g + merged if merged else 0
     buffers = WORKSPACE_BYTES + ddp_buckets + _megatron_attention_buffer(graph, par)
-    peak = max(start_bwd, at_opt) + buffers
+    peak = max(start_bwd, at_opt, at_merge) + buffers
     capacity = int((gpu.memory_bytes - gpu.context_bytes) * (1 - FRAGMENTATION))
     transient = max(head, mp.layer_bwd_transient_bytes, opt_transient)
     return MemoryBreakdown(w, g, o, acts + unsharded, transient, buffers, int(peak), capacity, peak <= capacity)

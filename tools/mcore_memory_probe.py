@@ -20,6 +20,36 @@ def _state(step):  # the step closure's model/optimizer dict
     raise RuntimeError("no state")
 
 
+def _where(frames: list) -> str:
+    for f in frames:
+        if "megatron/" in f["filename"] or "torch/nn/functional" in f["filename"] or "collector/" in f["filename"]:
+            return f"{f['filename'].split('site-packages/')[-1]}:{f['line']} {f['name']}"
+    return frames[0]["filename"].split("/")[-1] + ":" + str(frames[0]["line"]) if frames else "?"
+
+
+def _print_peak(rank: int, arg: str, trace: list) -> None:
+    """The step's own allocations live at their peak (HISTORY=1), grouped by the allocating frame."""
+    from collections import defaultdict
+
+    live: dict = {}
+    cur = best = 0
+    best_live: dict = {}
+    for ev in trace:
+        if ev["action"] == "alloc":
+            live[ev["addr"]] = (ev["size"], _where(ev.get("frames", [])))
+            cur += ev["size"]
+            if cur > best:
+                best, best_live = cur, dict(live)
+        elif ev["action"] == "free_completed" and ev["addr"] in live:
+            cur -= live.pop(ev["addr"])[0]
+    by: dict = defaultdict(int)
+    for size, where in best_live.values():
+        by[where] += size
+    print(f"rank{rank} {arg} step_allocs_at_peak={best / GiB:.2f}", flush=True)
+    for where, size in sorted(by.items(), key=lambda kv: -kv[1])[:16]:
+        print(f"rank{rank}    {size / GiB:7.3f} GiB  {where}", flush=True)
+
+
 def main() -> None:
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -55,9 +85,14 @@ def main() -> None:
 
         opt.step = wrapped
         torch.cuda.reset_peak_memory_stats(dev)
+        if os.environ.get("HISTORY"):
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000)
         step()
         torch.cuda.synchronize()
         opt.step = orig
+        if os.environ.get("HISTORY"):
+            _print_peak(rank, arg, torch.cuda.memory._snapshot()["device_traces"][dev.index])
+            torch.cuda.memory._record_memory_history(enabled=None)
         print(f"rank{rank} {arg} params={info['params_per_rank']} grad_buffer={info['grad_buffer_bytes'] / GiB:.2f} "
               f"built={built / GiB:.2f} steady={steady / GiB:.2f} fb_peak={marks['fb_peak'] / GiB:.2f} "
               f"after_fb={marks['after_fb'] / GiB:.2f} opt_peak={marks['opt_peak'] / GiB:.2f} "
