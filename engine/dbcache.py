@@ -109,6 +109,29 @@ class DbSnapshot:
             pass  # a read-only cache only costs the next process the DuckDB reads
         return value
 
+    # -- memos of what was derived from this database (same fingerprint, same answers) --------------
+    def memo_load(self, name: str) -> dict[str, Any]:
+        """A memo written by an earlier process for this very database (empty without one)."""
+        if self._dir is None:
+            return {}
+        try:
+            value = json.loads((self._dir / f"memo-{name}.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def memo_store(self, name: str, value: dict[str, Any]) -> None:
+        if self._dir is None:
+            return
+        path = self._dir / f"memo-{name}.json"
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(value, separators=(",", ":")))
+            tmp.replace(path)
+        except OSError:
+            pass
+
     # -- what the engine reads ----------------------------------------------------------------
     def exact_all(self) -> dict[str, tuple[float, float | None]]:
         raw = self._get("exact", lambda db: {k: list(v) for k, v in db.exact_all().items()})

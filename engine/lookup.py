@@ -181,17 +181,52 @@ class LatencyModel:
     """Estimates for many calls: the exact table and each family's points are read once (one DuckDB
     query each), then every lookup is in memory."""
 
+    @staticmethod
+    def memo_name() -> str:
+        """The memo is valid for this database and this code: a change to how calls are described or looked
+        up (this module, the operator registry, the call signatures) names another memo."""
+        import hashlib
+        from pathlib import Path
+
+        from tp_query.schema import gpus, ops, signature
+
+        h = hashlib.blake2b(digest_size=8)
+        for f in (__file__, ops.__file__, signature.__file__, gpus.__file__):
+            try:
+                h.update(Path(str(f)).read_bytes())
+            except OSError:
+                h.update(str(f).encode())
+        return "estimates-" + h.hexdigest()
+
     def __init__(self, db: PointSource, gpu: GpuSpec) -> None:
         self.db = db
         self.gpu = gpu
         self._cache: dict[str, Estimate] = {}
         self._exact: dict[str, tuple[float, float | None]] | None = None
         self._families: dict[Family, _FamilyPoints] = {}
+        # estimates are a pure function of the database and the call: an earlier process's answers for this
+        # database's fingerprint are reused (a database snapshot keeps them beside its tables)
+        self._memo: dict[str, list[Any]] = {}
+        load = getattr(db, "memo_load", None)
+        if load is not None:
+            self._memo_name = self.memo_name()
+            for k, v in load(self._memo_name).items():
+                try:
+                    self._cache[k] = Estimate(float(v[0]), float(v[1]), Source(v[2]), int(v[3]))
+                    self._memo[k] = v
+                except (TypeError, ValueError, IndexError):
+                    continue  # a damaged entry is recomputed
 
     def estimate(self, queries: list[Query]) -> dict[str, Estimate]:
+        new = 0
         for q in queries:
             if q.key not in self._cache:
-                self._cache[q.key] = self._resolve(q)
+                e = self._cache[q.key] = self._resolve(q)
+                self._memo[q.key] = [e.cold_us, e.warm_us, e.source.value, e.points]
+                new += 1
+        store = getattr(self.db, "memo_store", None)
+        if new and store is not None:
+            store(self._memo_name, self._memo)
         return {q.key: self._cache[q.key] for q in queries}
 
     def _resolve(self, q: Query) -> Estimate:
