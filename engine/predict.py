@@ -45,7 +45,7 @@ from .lookup import LatencyModel, Query, Source
 from .memory import stage_memory
 from .parallel import ParallelConfig, PlanError
 
-TRACE_VERSION = 11
+TRACE_VERSION = 12
 SYNC_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default")
 OPTIMIZERS = ("adamw", "adamw_fused", "sgd")
 MAX_SEQ = 1 << 22  # 4M tokens of context

@@ -75,9 +75,10 @@ class MegatronAttention(nn.Module):
                                alpha=self.softmax_scale).view(b, np_, sq, sk)
         dtype = scores.dtype
         x = scores.float() if dtype in (torch.float16, torch.bfloat16) else scores
-        if x is scores:
-            x = x.clone()
-        x.masked_fill_(mask, -10000.0)  # attention_mask_func, in place on the fp32 copy
+        # attention_mask_func, in place: on the fp32 copy under --bf16/--fp16; in fp32 on the view of the
+        # baddbmm result itself, whose backward autograd runs through CopySlices (a zero fill and four
+        # scores-sized copies per layer, in the profile of Megatron's fp32 step on an H200)
+        x.masked_fill_(mask, -10000.0)
         probs = torch.softmax(x, dim=-1)
         if dtype in (torch.float16, torch.bfloat16):
             probs = probs.to(dtype)

@@ -1,0 +1,113 @@
+"""Where Megatron-Core's step spends GPU time, per aten operator (launch with torchrun, one process per GPU):
+the campaign's own Megatron build (LLaMA-3-8B shape, 4 layers, DP over the ranks), one profiled step after
+warm-up; rank 0 writes OUT/mcore-ops-SETTING.json with {aten op: [device us, calls]}, the iteration and the
+kernels' busy time. Compare offline with the engine's operator rows (`--compare OUT`).
+    torchrun --nproc-per-node 2 tools/mcore_op_profile.py OUT tf32 bf16"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+CASE = {"layers": 4, "seq": 4096}
+
+
+def record(out: Path, settings: list[str]) -> None:
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+    from tp_query.collector.dist_megatron import build_megatron_step
+    from tp_query.collector.validate import LLAMA3_8B, layers_of
+
+    rank = int(os.environ["RANK"])
+    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev)
+    for s in settings:
+        step, cleanup, _ = build_megatron_step(layers_of(LLAMA3_8B, CASE["layers"]), s, tp=1, pp=1, micro_batch=1,
+                                               seq_len=CASE["seq"], micro_batches=1, distributed_optimizer=False,
+                                               device=dev)
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
+                     with_stack=bool(os.environ.get("STACKS"))) as prof:
+            step()
+            torch.cuda.synchronize()
+        ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        shaped: list[list] = []
+        for e in prof.key_averages():
+            if e.key.startswith("aten::") and e.self_device_time_total > 0:
+                ops[e.key.replace("aten::", "aten.")] = [e.self_device_time_total, e.count]
+        for e in prof.key_averages(group_by_input_shape=True):
+            if e.key.startswith("aten::") and e.self_device_time_total > 200:
+                shaped.append([e.key.replace("aten::", "aten."), str(e.input_shapes)[:160], e.self_device_time_total,
+                               e.count])
+        if os.environ.get("STACKS") and rank == 0:
+            for e in prof.key_averages(group_by_stack_n=6):
+                if e.key in ("aten::copy_", "aten::fill_", "aten::zero_") and e.self_device_time_total > 500:
+                    print(f"STACK {s} {e.key} {e.self_device_time_total / 1e3:.2f} ms x{e.count}: "
+                          + " <- ".join(x.split("/")[-1] for x in e.stack[:6]), flush=True)
+        kernels = [(ev.time_range.start, ev.time_range.end) for ev in prof.events()
+                   if ev.device_type == torch.autograd.DeviceType.CUDA]
+        kernels.sort()
+        busy, cs, ce = 0.0, *kernels[0]
+        for a, b in kernels[1:]:
+            if a > ce:
+                busy, cs, ce = busy + ce - cs, a, b
+            else:
+                ce = max(ce, b)
+        busy += ce - cs
+        nccl = sum(ev.time_range.end - ev.time_range.start for ev in prof.events()
+                   if ev.device_type == torch.autograd.DeviceType.CUDA and "nccl" in ev.name.lower())
+        if rank == 0:
+            (out / f"mcore-ops-{s}.json").write_text(json.dumps({"ops": ops, "shaped": shaped, "busy_us": busy,
+                                                                 "nccl_us": nccl,
+                                                                 "span_us": kernels[-1][1] - kernels[0][0]}))
+            print(f"{s}: busy {busy / 1e3:.1f} ms, nccl {nccl / 1e3:.1f} ms, {len(ops)} ops", flush=True)
+        cleanup()
+    dist.destroy_process_group()
+
+
+# the profiler attributes a kernel to the innermost aten op: _to_copy and clone run copy_'s kernel
+_GROUPS = {"_to_copy": "copy", "clone": "copy", "copy_": "copy", "masked_fill_": "masked_fill", "contiguous": "copy"}
+
+
+def _group(op: str) -> str:
+    base = op.removeprefix("aten.").split(".")[0]
+    return _GROUPS.get(base, base)
+
+
+def compare(out: Path) -> None:
+    from tp_query.collector.validate import LLAMA3_8B, layers_of
+    from tp_query.engine.api import predict
+
+    for f in sorted(out.glob("mcore-ops-*.json")):
+        s = f.stem.removeprefix("mcore-ops-")
+        real = json.loads(f.read_text())
+        p = predict(layers_of(LLAMA3_8B, CASE["layers"]), dp=2, framework="megatron",
+                    precision="mp_bf16" if s == "bf16" else s, with_ops=True)
+        ours: dict[str, float] = defaultdict(float)
+        theirs: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        for r in p.ops:
+            ours[_group(r.op)] += r.total_ms * 1e3
+        for n, (us, calls) in real["ops"].items():
+            theirs[_group(n)][0] += us
+            theirs[_group(n)][1] += calls
+        real["ops"] = theirs
+        print(f"== {s}: real busy {real['busy_us'] / 1e3:.1f} ms (nccl {real['nccl_us'] / 1e3:.1f}), "
+              f"engine {p.iteration_ms:.1f} ms")
+        names = sorted(set(real["ops"]) | set(ours), key=lambda n: -max(real["ops"].get(n, [0])[0], ours.get(n, 0)))
+        for n in names[:28]:
+            r = real["ops"].get(n, [0.0, 0])
+            print(f"  {n:40s} real {r[0] / 1e3:8.2f} ms ({r[1]:4d})  engine {ours.get(n, 0) / 1e3:8.2f} ms")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--compare":
+        compare(Path(sys.argv[2]))
+    else:
+        record(Path(sys.argv[1]), sys.argv[2:])
