@@ -94,7 +94,7 @@ def compare(out: Path) -> None:
         print(f"== {cid}: measured {r['iteration_ms']:.1f} ms, kernels busy {real['busy_us'] / 1e3:.1f} ms | engine "
               f"{p.iteration_ms:.1f} ms, operators {gpu_ms:.1f} ms")
         names = sorted(set(theirs) | set(ours), key=lambda n: -abs(theirs.get(n, [0])[0] - ours.get(n, 0)))
-        for n in names[:14]:
+        for n in names[:int(__import__("os").environ.get("TOP", "14"))]:
             t = theirs.get(n, [0.0, 0])
             print(f"  {n:32s} real {t[0] / 1e3:8.2f} ms ({t[1]:4d})  engine {ours.get(n, 0) / 1e3:8.2f} ms")
 
