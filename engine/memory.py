@@ -79,7 +79,7 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     acts = int(in_flight * act_mb)
     merged = 0
     if par.pp > 1 and stage.last and pipelining_retained_outputs(par.framework):
-        kept_logits = m * _logits_bytes(graph, par)
+        kept_logits = m * logits_bytes(graph, par)
         acts += kept_logits  # kept in the stage's output chunks until the step ends
         # ...where schedule.step() merges them (merge_chunks: a concatenated copy) while the chunks and every
         # gradient are still live: one more copy of all micro-batches' logits (allocator trace, 2 x H200:
@@ -124,7 +124,7 @@ def _head_kept_bytes(mp: MemoryProfile, graph: Graph) -> int:
     return max(mp.fwd_end_bytes - mp.embed_act_bytes - graph.meta.traced_layers * mp.layer_act_bytes, 0)
 
 
-def _logits_bytes(graph: Graph, par: ParallelConfig) -> int:
+def logits_bytes(graph: Graph, par: ParallelConfig) -> int:
     """One micro-batch's LM-head output on a TP rank, in the dtype the head computes in."""
     st = SETTINGS[Setting(graph.meta.setting)]
     dt = st.autocast_dtype or st.param_dtype

@@ -18,9 +18,9 @@ from typing import Any, cast
 import numpy as np
 from tp_query.schema.gpus import GpuSpec, gpu_spec
 from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
-from tp_query.schema.ops import Family
+from tp_query.schema.ops import Family, describe
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
-from tp_query.schema.signature import TensorSpec
+from tp_query.schema.signature import OpCall, TensorSpec, call_key
 from tp_query.schema.system import SystemSpec
 
 from .comm import CommModel
@@ -38,6 +38,7 @@ from .framework import (
     ddp_overhead,
     fsdp_overhead,
     pipeline_time,
+    pipelining_retained_outputs,
 )
 from .graph import Graph, Phase, Section, is_graph_json
 from .hostsim import CalibrationError, HostModel, simulate
@@ -588,6 +589,7 @@ class _Assemble:
         bubble = max(pipe - (fwd_compute + bwd_compute + tp_comm + ep_comm + host_fb + 2 * m * p2p), 0.0) \
             if par.pp > 1 else 0.0
         accum = (m - 1) * c["accum_us"]
+        merge = self._merge_us() if par.pp > 1 else 0.0
         dp_exposed = self._dp_comm_us(self.stages[crit], c)
         opt_gpu = max(r["opt_gpu_us"] for r in per_stage)
         opt_host = max(r["opt_us"] for r in per_stage) - opt_gpu
@@ -601,6 +603,7 @@ class _Assemble:
             "pp_comm_ms": pp_comm / 1e3,
             "dp_comm_ms": dp_exposed / 1e3,
             "pipeline_bubble_ms": bubble / 1e3,
+            **({"pp_output_merge_ms": merge / 1e3} if merge else {}),
             "host_overhead_ms": host_total / 1e3,
         }
         breakdown = {k: float(v) for k, v in breakdown.items()}
@@ -748,6 +751,23 @@ class _Assemble:
     def _dp_spans_nodes(self) -> bool:
         """A data-parallel group crosses nodes once TP x DP outgrows a node."""
         return self.par.tp * self.par.dp > self.eng.comm.gpus_per_node
+
+    def _merge_us(self) -> float:
+        """torch.distributed.pipelining's schedule.step() ends on the last stage by concatenating every
+        micro-batch's output (merge_chunks: the logits), after the last backward and before the optimizer;
+        priced as that concatenation from the database (Megatron frees outputs per micro-batch)."""
+        par = self.par
+        if not pipelining_retained_outputs(par.framework) or not self.g.meta.traced_layers:
+            return 0.0
+        st = SETTINGS[Setting(self.g.meta.setting)]
+        dt = st.autocast_dtype or st.param_dtype
+        vocab = int(self.g.meta.model.get("vocab_size", 0)) // max(par.tp, 1)
+        chunk = TensorSpec((self.g.meta.micro_batch, self.g.meta.seq_len, vocab), dt)
+        call = OpCall("aten.cat.default", ([chunk] * par.micro_batches,))
+        info = describe(call, False)
+        q = Query(call_key(call.op, call.to_json_str(), info.math_mode), call.op, info)
+        e = self.eng.latency.estimate([q])[q.key]
+        return e.warm_us + self.eng.host.beta * (e.cold_us - e.warm_us)
 
     def _p2p_bytes(self) -> float:
         spec = self.g.meta.model
