@@ -367,9 +367,48 @@ def _baddbmm_grid(p: Precision) -> Iterable[OpCall]:
                              (("alpha", 0.125), ("beta", 0)))
 
 
+# (hidden, FFN) widths of current open models (Qwen2/2.5/3, Llama 2/3, Mistral, Gemma 2/3, Phi-3,
+# TinyLlama): their projections' GEMMs at common token counts, whole and split over TP=2, and LM heads of
+# common vocabularies. Between the power-of-two grid's widths GEMM efficiency is not log-linear: a
+# Qwen2-7B step's projections (3584 x 18944) and LM head (152064, beyond the FLOP cap) were 7-11% slower
+# to predict than to run (per-operator H200 profile, data/validation/profiles/).
+GEMM_LLM_WIDTHS = ((896, 4864), (1536, 8960), (2048, 5632), (2048, 6144), (2048, 8192), (2304, 9216),
+                   (2560, 9728), (2560, 10240), (3072, 8192), (3072, 24576), (3584, 14336), (3584, 18944),
+                   (4096, 11008), (4096, 12288), (4096, 14336), (5120, 13824), (5120, 17408), (5120, 27648),
+                   (8192, 28672), (8192, 29568))
+GEMM_LLM_TOKENS = (2048, 4096, 8192, 16384)
+GEMM_LLM_VOCABS = (32000, 128256, 151936, 152064)
+GEMM_LLM_PRECISIONS = (Precision.BF16, Precision.TF32)
+
+
+def _gemm_llm_grid(p: Precision) -> Iterable[OpCall]:
+    if p not in GEMM_LLM_PRECISIONS:
+        return
+    dt = PRECISION_DTYPE[p]
+    seen: set[tuple[int, int, int, str]] = set()
+
+    def linear(tok: int, din: int, dout: int) -> Iterable[OpCall]:
+        for m, n, k, lay in ((tok, dout, din, "nt"), (tok, din, dout, "nn"), (dout, din, tok, "tn")):
+            if (m, n, k, lay) not in seen:
+                seen.add((m, n, k, lay))
+                yield gemm_layout_call(m, n, k, lay, dt)
+
+    for tok in GEMM_LLM_TOKENS:
+        for h, f in GEMM_LLM_WIDTHS:
+            for tp in (1, 2):
+                yield from linear(tok, h, f // tp)  # up / gate
+                yield from linear(tok, h, 2 * f // tp)  # fused gate-up (Megatron, Phi-3)
+                yield from linear(tok, f // tp, h)  # down
+        if p == Precision.BF16 and tok <= 8192:  # LM heads (TF32 ones run 10-50 ms each: held from the grid)
+            for h in sorted({h for h, _ in GEMM_LLM_WIDTHS}):
+                for v in GEMM_LLM_VOCABS:
+                    yield from linear(tok, h, v)
+
+
 def _mm_grid(p: Precision) -> Iterable[OpCall]:
     yield from _gemm_grid(p)
     yield from _gemm_unaligned_grid(p)
+    yield from _gemm_llm_grid(p)
 
 
 def _mm_features(c: OpCall) -> Features:
