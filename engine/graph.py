@@ -114,8 +114,9 @@ class Graph:
         if obj.get("format") != GRAPH_FORMAT:
             raise ValueError(f"not a {GRAPH_FORMAT} graph (format={obj.get('format')!r})")
         meta = GraphMeta(**obj["meta"])
-        params = tuple(ParamRecord(n, tuple(s), d, Section(sec), int(li)) for n, s, d, sec, li in obj["params"])
-        ops = tuple(OpRecord(op, sig, Phase(ph), Section(sec), int(li), int(ab))
+        sections, phases = {s.value: s for s in Section}, {p.value: p for p in Phase}  # Enum(x) is slow
+        params = tuple(ParamRecord(n, tuple(s), d, sections[sec], int(li)) for n, s, d, sec, li in obj["params"])
+        ops = tuple(OpRecord(op, sig, phases[ph], sections[sec], int(li), int(ab))
                     for op, sig, ph, sec, li, ab in obj["ops"])
         return Graph(meta, ops, params, MemoryProfile(**obj["memory"]))
 

@@ -44,13 +44,19 @@ class TensorSpec:
         return self.offset + 1 + sum((d - 1) * s for d, s in zip(self.shape, st, strict=True))
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"T": list(self.shape), "d": str(self.dtype)}
-        if self.strides is not None:
-            out["s"] = list(self.strides)
-        if self.offset:
-            out["o"] = self.offset
-        if self.host:
-            out["h"] = 1
+        """The JSON object of this spec (shared, read-only: a planner encodes the same specs thousands of
+        times when it rebuilds optimizer steps)."""
+        out = _SPEC_JSON.get(self)
+        if out is None:
+            out = {"T": list(self.shape), "d": str(self.dtype)}
+            if self.strides is not None:
+                out["s"] = list(self.strides)
+            if self.offset:
+                out["o"] = self.offset
+            if self.host:
+                out["h"] = 1
+            if len(_SPEC_JSON) < 1 << 18:
+                _SPEC_JSON[self] = out
         return out
 
     @staticmethod
@@ -59,7 +65,11 @@ class TensorSpec:
         strides = tuple(int(x) for x in obj["s"]) if "s" in obj else None
         if strides is not None and strides == contiguous_strides(shape):
             strides = None
-        return TensorSpec(shape, DType(obj["d"]), strides, int(obj.get("o", 0)), bool(obj.get("h", 0)))
+        return TensorSpec(shape, _DTYPES[obj["d"]], strides, int(obj.get("o", 0)), bool(obj.get("h", 0)))
+
+
+_SPEC_JSON: dict[TensorSpec, dict[str, Any]] = {}
+_DTYPES: dict[str, DType] = {d.value: d for d in DType}
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
