@@ -49,7 +49,7 @@ class Candidate:
     def label(self) -> str:
         p = self.parallel
         extra = ("+SP" if p.sequence_parallel else "") + (f"+Z{p.zero}" if p.zero else "") + \
-            ("+RC" if p.recompute else "")
+            ("+RC" if p.recompute else "") + (f"+EP{p.ep}" if p.ep > 1 else "")
         return f"DP{p.dp} TP{p.tp} PP{p.pp} mb{p.micro_batch} {self.precision.value}{extra}"
 
 
@@ -122,10 +122,14 @@ def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate,
                 continue  # the same configuration as without the option: skip silently
             if space.global_batch % (dp * mb) or (space.framework == "megatron" and z >= 2):
                 continue  # not a configuration of this job (or of this stack) at all
-            c = Candidate(prec, ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb, global_batch=space.global_batch,
-                                               sequence_parallel=sp, zero=z, recompute=rc,
-                                               framework=space.framework))
-            yield c, invalid_reason(spec, c, space)
+            # Megatron-Core MoE: every expert-parallel size that divides DP and the experts
+            eps = [e for e in _divisors(dp) if spec.num_experts % e == 0] \
+                if spec.is_moe and space.framework == "megatron" else [1]
+            for ep in eps:
+                c = Candidate(prec, ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb,
+                                                   global_batch=space.global_batch, sequence_parallel=sp, zero=z,
+                                                   recompute=rc, framework=space.framework, ep=ep))
+                yield c, invalid_reason(spec, c, space)
 
 
 def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: float | None = None,
@@ -204,6 +208,8 @@ def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node
             args.append("--sequence-parallel")
         if p.zero >= 1:
             args.append("--use-distributed-optimizer")
+        if p.ep > 1:
+            args.append(f"--expert-model-parallel-size {p.ep} --moe-token-dispatcher-type alltoall")
         if p.recompute:
             args.append("--recompute-granularity full --recompute-method uniform")
         return head + f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py " + \

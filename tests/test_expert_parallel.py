@@ -117,3 +117,18 @@ def test_moe_refusals_are_one_line(eng: Engine, tmp_path: Path) -> None:
     cfg.write_text(json.dumps(MIXTRAL))
     r = run_cli("predict", str(cfg), "--moe-imbalance", "nan", "--framework", "megatron")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_search_tries_expert_parallel_sizes_for_megatron_moe(eng: Engine) -> None:
+    from tp_query.engine.search import SearchSpace, launch_command, search
+
+    space = SearchSpace(2, 2, 64, precisions=(Setting("mp_bf16"),), micro_batches=(1,), sequence_parallel=(False,),
+                        zero_stages=(0,), recompute=(False,), framework="megatron")
+    res = search(eng, MIXTRAL, space, name="tiny-mixtral")
+    eps = {o.candidate.parallel.ep for o in res.ranked if o.candidate.parallel.dp == 2}
+    assert eps == {1, 2}
+    best_ep2 = next(o for o in res.ranked if o.candidate.parallel.ep == 2)
+    assert "+EP2" in best_ep2.candidate.label()
+    assert "--expert-model-parallel-size 2" in launch_command(best_ep2, "megatron", "m.json", 64)
+    # TP > 1 with MoE is refused by the Megatron model, with its reason, not silently dropped
+    assert any("TP > 1" in o.reason for o in res.rejected)
