@@ -60,7 +60,7 @@ def _qkv_bias(cfg: dict[str, Any]) -> bool:
 
 
 def _qk_norm(cfg: dict[str, Any]) -> bool:
-    return cfg.get("model_type") == "qwen3"
+    return cfg.get("model_type") in ("qwen3", "qwen3_moe")
 
 
 def hf_param_count(cfg: dict[str, Any]) -> int:
@@ -78,8 +78,8 @@ def hf_param_count(cfg: dict[str, Any]) -> int:
 
 
 def _moe(cfg: dict[str, Any]) -> tuple[int, int]:
-    """(routed experts, experts per token) of a Mixtral-shaped config; (0, 0) for a dense one."""
-    e = int(cfg.get("num_local_experts") or 0)
+    """(routed experts, experts per token) of a Mixtral- or Qwen3-MoE-shaped config; (0, 0) for a dense one."""
+    e = int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
     return (e, int(cfg.get("num_experts_per_tok") or 2)) if e else (0, 0)
 
 
@@ -110,8 +110,10 @@ def transformer_config_kwargs(cfg: dict[str, Any], setting: str, *, tp: int, pp:
     if layers % pp:
         raise ValueError(f"num_hidden_layers={layers} is not divisible by pp={pp} (even split only)")
     experts, topk = _moe(cfg)
-    if experts and cfg.get("model_type") != "mixtral":
-        raise ValueError(f"MoE is built for Mixtral-shaped configs, got model_type {cfg.get('model_type')!r}")
+    if experts and cfg.get("model_type") not in ("mixtral", "qwen3_moe"):
+        raise ValueError(f"MoE is built for Mixtral and Qwen3-MoE configs, got model_type {cfg.get('model_type')!r}")
+    if experts and cfg.get("model_type") == "qwen3_moe" and not cfg.get("norm_topk_prob", True):
+        raise ValueError("Qwen3-MoE without norm_topk_prob has no Megatron router equivalent here")
     if ep > 1 and not experts:
         raise ValueError("expert parallelism needs a mixture-of-experts config")
     if experts and experts % ep:
@@ -121,7 +123,8 @@ def transformer_config_kwargs(cfg: dict[str, Any], setting: str, *, tp: int, pp:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setting, torch.float32)
     # MoELayer as Mixtral recipes run it: dropless top-k routing (softmax over the top-k logits), the
     # load-balancing aux loss, the all-to-all dispatcher, SequentialMLP experts (no TE: no grouped GEMM)
-    moe = {"num_moe_experts": experts, "moe_router_topk": topk, "moe_ffn_hidden_size": int(cfg["intermediate_size"]),
+    moe_ffn = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
+    moe = {"num_moe_experts": experts, "moe_router_topk": topk, "moe_ffn_hidden_size": moe_ffn,
            "moe_token_dispatcher_type": "alltoall", "moe_router_load_balancing_type": "aux_loss",
            "moe_aux_loss_coeff": 1e-2, "moe_grouped_gemm": False, "expert_model_parallel_size": ep} if experts else {}
     return {**moe,

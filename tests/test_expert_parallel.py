@@ -132,3 +132,27 @@ def test_search_tries_expert_parallel_sizes_for_megatron_moe(eng: Engine) -> Non
     assert "--expert-model-parallel-size 2" in launch_command(best_ep2, "megatron", "m.json", 64)
     # TP > 1 with MoE is refused by the Megatron model, with its reason, not silently dropped
     assert any("TP > 1" in o.reason for o in res.rejected)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3-moe"])
+def test_megatron_builds_qwen3_and_qwen3_moe_with_qk_layernorm(family: str) -> None:
+    """Qwen3's qk-norm is Megatron's qk_layernorm (an RMSNorm over each head's channels on the split query
+    and key); Qwen3-MoE's normalised top-k is Megatron's default router. The Megatron graph holds exactly
+    the HF model's parameters (untied head), and an EP split divides the experts."""
+    from tp_query.engine.flops import parameter_count
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+
+    cfg = {**TINY_FAMILIES[family], "num_hidden_layers": 2}
+    spec = parse_config(cfg, family)
+    g = trace_config(TraceRequest(spec, Setting("mp_bf16"), 1, 64, 1, framework="megatron",
+                                  ep=2 if spec.is_moe else 1))
+    names = [p.name for p in g.params]
+    assert any("q_layernorm" in n for n in names) and any("k_layernorm" in n for n in names)
+    qn = next(p for p in g.params if "q_layernorm" in p.name)
+    assert qn.shape == (spec.head_dim,)
+    total = sum(p.numel for p in g.params)
+    expected = parameter_count(spec.to_dict())
+    if spec.is_moe:  # half the routed experts live on this rank
+        per_expert = 3 * spec.hidden_size * spec.moe_intermediate_size
+        expected -= spec.num_layers * (spec.num_experts // 2) * per_expert
+    assert total == expected

@@ -417,10 +417,12 @@ def _validate(req: TraceRequest) -> None:
         from .megatron_local import MEGATRON_FAMILIES
 
         if s.family not in MEGATRON_FAMILIES:
-            raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family and "
-                             f"Mixtral configs, not {s.family.value}")
-        if s.is_moe and (s.layer_types and any(t != "full_attention" for t in s.layer_types)):
+            raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family, Qwen3, "
+                             f"Mixtral and Qwen3-MoE configs, not {s.family.value}")
+        if s.layer_types and any(t != "full_attention" for t in s.layer_types):
             raise TraceError("--framework megatron: sliding-window attention is not in Megatron-Core's local spec")
+        if s.shared_expert_intermediate_size:
+            raise TraceError("--framework megatron: shared experts are not modelled for Megatron-Core")
         if s.is_moe and req.tp > 1:
             raise TraceError("--framework megatron with MoE and TP > 1 (expert tensor parallelism, sequence "
                              "parallelism required by Megatron) is not modelled: use --tp 1 with --ep")
@@ -428,7 +430,7 @@ def _validate(req: TraceRequest) -> None:
             raise TraceError("Megatron-Core's local layer spec refuses sequence parallelism (it needs Transformer "
                              "Engine or apex norms); use --framework torch or drop --sequence-parallel")
     if s.builder.value == "hf":
-        if req.framework == "megatron" and s.family.value != "mixtral":
+        if req.framework == "megatron" and s.family.value not in ("mixtral", "qwen3", "qwen3_moe"):
             raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family configs, "
                              f"not {s.family.value}")
     if req.micro_batch <= 0 or req.seq_len <= 0:

@@ -18,9 +18,10 @@ from tp_query.schema.model_config import ArchFamily, ModelSpec
 
 from .models import CausalLM, Shard, TPRegion, _ReduceFromTP, _ScatterSP, emit_comm, emit_sync
 
-# what the local spec builds here: dense Llama-shaped models, and Mixtral-shaped MoE (no shared experts,
-# no qk-norm, softmax over the top-k logits)
-MEGATRON_FAMILIES = (ArchFamily.LLAMA, ArchFamily.MIXTRAL)
+# what the local spec builds here: dense Llama- and Qwen3-shaped models (Qwen3's qk-norm is Megatron's
+# qk_layernorm), and Mixtral- and Qwen3-MoE-shaped MoE (no shared experts; softmax over the top-k logits,
+# which is Qwen3-MoE's normalised top-k)
+MEGATRON_FAMILIES = (ArchFamily.LLAMA, ArchFamily.MIXTRAL, ArchFamily.QWEN3, ArchFamily.QWEN3_MOE)
 
 
 class MegatronRMSNorm(nn.Module):
@@ -61,6 +62,9 @@ class MegatronAttention(nn.Module):
         self.linear_qkv = nn.Linear(h, (self.np + 2 * self.ng) * self.hn, bias=spec.qkv_bias)
         self.linear_proj = nn.Linear(self.np * self.hn, h, bias=False)
         self.softmax_scale = self.hn ** -0.5
+        # qk_layernorm: RMSNorm over each head's channels, on the split query and key
+        self.q_layernorm = MegatronRMSNorm(self.hn, spec.norm_eps) if spec.qk_norm else None
+        self.k_layernorm = MegatronRMSNorm(self.hn, spec.norm_eps) if spec.qk_norm else None
 
     def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.np // self.ng > 1:
@@ -92,6 +96,9 @@ class MegatronAttention(nn.Module):
         mixed = self.linear_qkv(x).view(sq, b, self.ng, (self.np // self.ng + 2) * self.hn)
         q, k, v = torch.split(mixed, [self.np // self.ng * self.hn, self.hn, self.hn], dim=3)
         q = q.reshape(sq, b, -1, self.hn)
+        if self.q_layernorm is not None and self.k_layernorm is not None:
+            q = self.q_layernorm(q)
+            k = self.k_layernorm(k)
         q = _apply_rotary(q, freqs)
         k = _apply_rotary(k, freqs)
         return self.linear_proj(self.core_attention(q, k, v, mask))
