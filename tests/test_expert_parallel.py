@@ -109,7 +109,7 @@ def test_prediction_splits_expert_memory_and_prices_ep_comm(eng: Engine) -> None
 
 def test_moe_refusals_are_one_line(eng: Engine, tmp_path: Path) -> None:
     with pytest.raises(PredictError, match="mixture-of-experts"):
-        eng.predict(PredictRequest(model=TINY_LLAMA, gpu="cpu", seq_len=64,
+        eng.predict(PredictRequest(model=TINY_LLAMA, gpu="cpu", seq_len=64, setting=Setting("mp_bf16"),
                                    parallel=ParallelConfig(dp=2, ep=2, framework="megatron")))
     with pytest.raises(PredictError, match="framework megatron"):
         eng.predict(PredictRequest(model=MIXTRAL, gpu="cpu", seq_len=64, moe_imbalance=2.0))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tp_query.engine.graph import GraphMeta, layer_templates
 from tp_query.engine.parallel import ParallelConfig
-from tp_query.engine.predict import Engine, PredictRequest
+from tp_query.engine.predict import Engine, PredictError, PredictRequest
 from tp_query.schema.model_config import FULL, SLIDING, parse_config
 from tp_query.schema.ops import REGISTRY, describe, index_args_of
 from tp_query.schema.precision import Setting
@@ -208,3 +208,24 @@ def test_database_snapshot_answers_without_duckdb_and_never_stale(cpu_db: Path, 
     victim.write_bytes(bytes(data))
     with pytest.raises(DatabaseError, match="checksum mismatch"):
         Engine("cpu", str(root))
+
+
+def test_pipelining_merges_retained_outputs_at_the_end_of_the_step(eng: Engine) -> None:
+    """torch.distributed.pipelining keeps every micro-batch's logits on the last stage and concatenates them
+    when schedule.step() ends: a copy priced from the database (torch only: Megatron frees outputs per
+    micro-batch), and a memory peak of both copies beside every gradient."""
+    from tp_query.engine.memory import logits_bytes
+
+    p = eng.predict(_req(Setting.BF16, pp=2, global_batch=8))
+    assert p.breakdown["pp_output_merge_ms"] > 0
+    mega = eng.predict(_req(Setting("mp_bf16"), pp=2, global_batch=8, framework="megatron"))
+    assert "pp_output_merge_ms" not in mega.breakdown
+    with pytest.raises(PredictError, match="Megatron-Core trains with"):  # no torch autocast, no pure bf16
+        eng.predict(_req(Setting.BF16, pp=2, global_batch=8, framework="megatron"))
+    asm = eng.assemble(_req(Setting.BF16, pp=2, global_batch=8))
+    last = asm.stages[-1]
+    from tp_query.engine.memory import stage_memory
+
+    m = stage_memory(asm.g, last, asm.par, "adamw", eng.gpu)
+    two_copies = 2 * 8 * logits_bytes(asm.g, asm.par)
+    assert m.peak_bytes >= m.weights_bytes + m.optimizer_bytes + m.grads_bytes + two_copies

@@ -72,6 +72,10 @@ class TraceRequest:
     moe_imbalance: float = 1.0  # the busiest expert's routed rows over the mean (Megatron-Core MoE)
 
 
+# the precision modes Megatron-Core has (no torch autocast, no half parameters without fp32 main ones)
+MEGATRON_SETTINGS = ("mp_bf16", "mp_fp16", "fp32", "tf32")
+
+
 class MegatronOptimizer:
     """Megatron-Core's DDP gradient buffer and optimizer as a build without TE or apex runs them: every
     gradient is added into an fp32 main_grad buffer as backward produces it (DDP's post-hook), the step
@@ -391,6 +395,10 @@ def _validate(req: TraceRequest) -> None:
     s = req.spec
     if req.framework not in ("torch", "megatron"):
         raise TraceError(f"unknown framework {req.framework!r}: torch or megatron")
+    if req.framework == "megatron" and req.setting.value not in MEGATRON_SETTINGS and \
+            not SETTINGS[req.setting].fp8_recipe:
+        raise TraceError(f"Megatron-Core trains with --bf16/--fp16 (half parameters, fp32 main parameters: "
+                         f"mp_bf16/mp_fp16) or in fp32 (fp32/tf32), not {req.setting.value} (a PyTorch setting)")
     if req.framework == "megatron" and SETTINGS[req.setting].fp8_recipe:
         raise TraceError("the fp8 settings model torchao float8 training on PyTorch; Megatron-Core's FP8 needs "
                          "Transformer Engine, which is not modelled")
