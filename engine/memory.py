@@ -93,7 +93,15 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     # in one contiguous buffer (main_grad) allocated when it wraps the model, live through the whole step.
     grads_live = g if (m > 1 or par.framework == "megatron") else 0
     head = mp.head_peak_bytes if stage.last else 0
-    start_bwd = w + o + grads_live + acts + unsharded + max(head, mp.layer_bwd_transient_bytes if stage.layers else 0)
+    transient_bwd = max(head, mp.layer_bwd_transient_bytes if stage.layers else 0)
+    if sched == PipeSchedule.GPIPE and par.framework == "torch" and in_flight > 1:
+        # GPipe runs every forward first: its first backward starts before any gradient exists, and once the
+        # gradients exist one micro-batch's activations are gone (allocator trace of the last stage, 2 x
+        # H200: every micro-batch's kept tensors and every parameter gradient, no head transient, at the peak)
+        one_mb = act_mb + (_head_kept_bytes(mp, graph) if stage.last and graph.meta.traced_layers else 0)
+        start_bwd = w + o + unsharded + max(acts + transient_bwd, g + acts - one_mb + transient_bwd)
+    else:
+        start_bwd = w + o + grads_live + acts + unsharded + transient_bwd
     share = stage.param_numel / traced_numel
     opt_transient = int(mp.opt_peak_bytes * share / (par.dp if par.zero >= 1 else 1))
     # DDP allocates its buckets when it wraps the model; gradient_as_bucket_view makes .grad views into them
