@@ -230,6 +230,11 @@ def ops(
     db: DbOpt = None,
     by: Annotated[str, typer.Option(help="op (every call) | kind | phase | layer (embedding, one decoder layer, "
                                          "head, optimizer): roll the rows up")] = "op",
+    framework: FrameworkOpt = "torch",
+    pp_schedule: PipeOpt = "1f1b",
+    ddp_bucket_view: BucketViewOpt = False,
+    ep: EpOpt = 1,
+    moe_imbalance: ImbalanceOpt = 1.0,
 ) -> None:
     """List the per-operator rows behind a prediction (slowest stage, one iteration)."""
     from tp_query.engine.predict import Engine
@@ -237,7 +242,8 @@ def ops(
 
     def go() -> None:
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
-                       sequence_parallel, zero, recompute, False, db)
+                       sequence_parallel, zero, recompute, False, db, framework, pp_schedule, ddp_bucket_view, ep,
+                       moe_imbalance)
         if by not in ("op", "kind", "phase", "layer"):
             raise UserError(f"--by must be op, kind, phase or layer, got {by!r}")
         with _Status("predicting (a new model or split is traced first: seconds)"):
