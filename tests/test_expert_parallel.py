@@ -156,3 +156,16 @@ def test_megatron_builds_qwen3_and_qwen3_moe_with_qk_layernorm(family: str) -> N
         per_expert = 3 * spec.hidden_size * spec.moe_intermediate_size
         expected -= spec.num_layers * (spec.num_experts // 2) * per_expert
     assert total == expected
+
+
+def test_ops_takes_the_split_options_of_predict(cpu_db: Path, tmp_path: Path) -> None:
+    """`tp-query ops` answers for the same split as `predict` (EP included), not a default one."""
+    cfg = tmp_path / "mixtral.json"
+    cfg.write_text(json.dumps(MIXTRAL))
+    common = [str(cfg), "--gpu", "cpu", "--db", str(cpu_db), "--seq-len", "64", "--dp", "2", "--framework",
+              "megatron", "--precision", "mp_bf16", "--json"]
+    r1 = run_cli("ops", *common, "--top", "0")
+    r2 = run_cli("ops", *common, "--top", "0", "--ep", "2")
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
+    comm = lambda out: [row for row in json.loads(out) if row["op"] == "comm.all_to_all"]  # noqa: E731
+    assert not comm(r1.stdout) and comm(r2.stdout)
