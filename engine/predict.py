@@ -589,7 +589,7 @@ class _Assemble:
         bubble = max(pipe - (fwd_compute + bwd_compute + tp_comm + ep_comm + host_fb + 2 * m * p2p), 0.0) \
             if par.pp > 1 else 0.0
         accum = (m - 1) * c["accum_us"]
-        merge = self._merge_us() if par.pp > 1 else 0.0
+        merge = self._merge_us(host) if par.pp > 1 else 0.0
         dp_exposed = self._dp_comm_us(self.stages[crit], c)
         opt_gpu = max(r["opt_gpu_us"] for r in per_stage)
         opt_host = max(r["opt_us"] for r in per_stage) - opt_gpu
@@ -752,7 +752,7 @@ class _Assemble:
         """A data-parallel group crosses nodes once TP x DP outgrows a node."""
         return self.par.tp * self.par.dp > self.eng.comm.gpus_per_node
 
-    def _merge_us(self) -> float:
+    def _merge_us(self, host: HostModel) -> float:
         """torch.distributed.pipelining's schedule.step() ends on the last stage by concatenating every
         micro-batch's output (merge_chunks: the logits), after the last backward and before the optimizer;
         priced as that concatenation from the database (Megatron frees outputs per micro-batch)."""
@@ -767,7 +767,7 @@ class _Assemble:
         info = describe(call, False)
         q = Query(call_key(call.op, call.to_json_str(), info.math_mode), call.op, info)
         e = self.eng.latency.estimate([q])[q.key]
-        return e.warm_us + self.eng.host.beta * (e.cold_us - e.warm_us)
+        return e.warm_us + host.beta * (e.cold_us - e.warm_us)
 
     def _p2p_bytes(self) -> float:
         spec = self.g.meta.model
