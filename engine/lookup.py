@@ -14,6 +14,7 @@ Every estimate carries its source; the prediction reports the share of time from
 
 from __future__ import annotations
 
+import atexit
 import math
 import statistics
 from collections import defaultdict
@@ -207,6 +208,7 @@ class LatencyModel:
         # estimates are a pure function of the database and the call: an earlier process's answers for this
         # database's fingerprint are reused (a database snapshot keeps them beside its tables)
         self._memo: dict[str, list[Any]] = {}
+        self._unsaved = 0
         load = getattr(db, "memo_load", None)
         if load is not None:
             self._memo_name = self.memo_name()
@@ -217,17 +219,31 @@ class LatencyModel:
                 except (TypeError, ValueError, IndexError):
                     continue  # a damaged entry is recomputed
 
+    MEMO_MAX = 200_000  # entries a memo keeps (a few tens of MB at most)
+
     def estimate(self, queries: list[Query]) -> dict[str, Estimate]:
         new = 0
         for q in queries:
             if q.key not in self._cache:
                 e = self._cache[q.key] = self._resolve(q)
-                self._memo[q.key] = [e.cold_us, e.warm_us, e.source.value, e.points]
-                new += 1
-        store = getattr(self.db, "memo_store", None)
-        if new and store is not None:
-            store(self._memo_name, self._memo)
+                if len(self._memo) < self.MEMO_MAX:
+                    self._memo[q.key] = [e.cold_us, e.warm_us, e.source.value, e.points]
+                    new += 1
+        if new and getattr(self.db, "memo_store", None) is not None:
+            # written once when the process ends (a search resolves calls graph after graph: rewriting the
+            # memo each time would cost more than it saves), or whenever many entries are waiting
+            if not self._unsaved:
+                atexit.register(self.flush_memo)
+            self._unsaved += new
+            if self._unsaved >= 20_000:
+                self.flush_memo()
         return {q.key: self._cache[q.key] for q in queries}
+
+    def flush_memo(self) -> None:
+        store = getattr(self.db, "memo_store", None)
+        if self._unsaved and store is not None:
+            store(self._memo_name, self._memo)
+            self._unsaved = 0
 
     def _resolve(self, q: Query) -> Estimate:
         if q.info.family in (Family.VIEW, Family.HOST):

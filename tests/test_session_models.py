@@ -210,6 +210,32 @@ def test_database_snapshot_answers_without_duckdb_and_never_stale(cpu_db: Path, 
         Engine("cpu", str(root))
 
 
+def test_lookup_memo_reused_and_damage_recomputed(cpu_db: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Estimates are memoised beside the database snapshot: a later engine answers the same request from
+    the memo (no family points built) with the same numbers; a damaged entry is recomputed, not used."""
+    import json as js
+    import shutil
+
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "db"
+    shutil.copytree(cpu_db / "cpu", root / "cpu")
+    e1 = Engine("cpu", str(root))
+    first = e1.predict(_req(dp=2))
+    e1.latency.flush_memo()
+    (memo,) = (tmp_path / "cache" / "db").glob("*/memo-estimates-*.json")
+    e2 = Engine("cpu", str(root))
+    assert e2.predict(_req(dp=2)).iteration_ms == first.iteration_ms
+    assert not e2.latency._families  # every estimate came from the memo
+    entries = js.loads(memo.read_text())
+    key = next(k for k, v in entries.items() if v[2] in ("exact", "interpolated"))
+    entries[key] = ["not a number"]
+    memo.write_text(js.dumps(entries))
+    e3 = Engine("cpu", str(root))
+    assert key not in e3.latency._cache  # dropped on load
+    assert e3.predict(_req(dp=2)).iteration_ms == first.iteration_ms
+
+
 def test_pipelining_merges_retained_outputs_at_the_end_of_the_step(eng: Engine) -> None:
     """torch.distributed.pipelining keeps every micro-batch's logits on the last stage and concatenates them
     when schedule.step() ends: a copy priced from the database (torch only: Megatron frees outputs per
