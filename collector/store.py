@@ -22,6 +22,14 @@ from tp_query.schema import manifest
 from tp_query.schema.tables import METADATA_KEY, Provenance
 
 
+def stored_keys(folder: Path) -> set[str]:
+    """The key of every point a table folder's Parquet chunks hold, across campaigns (what is measured)."""
+    keys: set[str] = set()
+    for f in Path(folder).glob("*.parquet"):
+        keys.update(pq.read_table(f, columns=["key"]).column("key").to_pylist())
+    return keys
+
+
 class StoreError(RuntimeError):
     """The output folder or an existing file cannot be used (one line for the user)."""
 

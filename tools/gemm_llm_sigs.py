@@ -5,15 +5,13 @@ Run on the CPU: `.venv/bin/python tools/gemm_llm_sigs.py`."""
 
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from tp_query.collector.plan import make_point, write_signature_file
+from tp_query.collector.store import stored_keys
 from tp_query.schema.ops import GEMM_LLM_PRECISIONS, _gemm_llm_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 
-have = set()
-for f in (ROOT / "data" / "h200" / "ops").glob("*.parquet"):
-    have.update(pq.read_table(f, columns=["key"]).column("key").to_pylist())
+have = stored_keys(ROOT / "data" / "h200" / "ops")
 entries = []
 for p in GEMM_LLM_PRECISIONS:
     tf32 = p.value == "tf32"

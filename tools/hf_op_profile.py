@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
-from collections import defaultdict
 from pathlib import Path
 
-_GROUPS = {"_to_copy": "copy", "clone": "copy", "copy_": "copy", "masked_fill_": "masked_fill", "contiguous": "copy"}
-
-
-def _group(op: str) -> str:
-    base = op.removeprefix("aten.").split(".")[0]
-    return _GROUPS.get(base, base)
+from gpu_profiles import aten_ops, kernel_busy, print_comparison, shaped_ops
 
 
 def record(out: Path, case_ids: list[str]) -> None:
@@ -44,23 +39,11 @@ def record(out: Path, case_ids: list[str]) -> None:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             step()
             torch.cuda.synchronize()
-        ops = {e.key.replace("aten::", "aten."): [e.self_device_time_total, e.count] for e in prof.key_averages()
-               if e.key.startswith("aten::") and e.self_device_time_total > 0}
-        shaped = [[e.key.replace("aten::", "aten."), str(e.input_shapes)[:160], e.self_device_time_total, e.count]
-                  for e in prof.key_averages(group_by_input_shape=True)
-                  if e.key.startswith("aten::") and e.self_device_time_total > 100]
-        kernels = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()
-                         if ev.device_type == torch.autograd.DeviceType.CUDA)
-        busy, cs, ce = 0.0, *kernels[0]
-        for a, b in kernels[1:]:
-            if a > ce:
-                busy, cs, ce = busy + ce - cs, a, b
-            else:
-                ce = max(ce, b)
-        busy += ce - cs
+        ops, shaped = aten_ops(prof), shaped_ops(prof, 100)
+        busy, span = kernel_busy(prof)
         (out / f"hf-ops-{cid}.json").write_text(json.dumps({"ops": ops, "shaped": shaped, "busy_us": busy,
-                                                            "span_us": kernels[-1][1] - kernels[0][0]}))
-        print(f"{cid}: busy {busy / 1e3:.1f} ms, span {(kernels[-1][1] - kernels[0][0]) / 1e3:.1f} ms", flush=True)
+                                                            "span_us": span}))
+        print(f"{cid}: busy {busy / 1e3:.1f} ms, span {span / 1e3:.1f} ms", flush=True)
         del model, opt, scaler, step
         torch.cuda.empty_cache()
 
@@ -83,21 +66,10 @@ def compare(out: Path) -> None:
                                        parallel=ParallelConfig(micro_batch=r["micro_batch"],
                                                                global_batch=r["micro_batch"] * accum)),
                         with_ops=True)
-        ours: dict[str, float] = defaultdict(float)
-        theirs: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        for o in p.ops:
-            ours[_group(o.op)] += o.total_ms * 1e3
-        for n, (us, calls) in real["ops"].items():
-            theirs[_group(n)][0] += us
-            theirs[_group(n)][1] += calls
-        gpu_ms = sum(ours.values()) / 1e3
+        gpu_ms = sum(o.total_ms for o in p.ops)
         print(f"== {cid}: measured {r['iteration_ms']:.1f} ms, kernels busy {real['busy_us'] / 1e3:.1f} ms | engine "
               f"{p.iteration_ms:.1f} ms, operators {gpu_ms:.1f} ms")
-        names = sorted(set(theirs) | set(ours), key=lambda n: -abs(theirs.get(n, [0])[0] - ours.get(n, 0)))
-        for n in names[:int(__import__("os").environ.get("TOP", "14"))]:
-            t = theirs.get(n, [0.0, 0])
-            print(f"  {n:32s} real {t[0] / 1e3:8.2f} ms ({t[1]:4d})  engine {ours.get(n, 0) / 1e3:8.2f} ms")
-
+        print_comparison(real["ops"], p.ops, int(os.environ.get("TOP", "14")))
 
 if __name__ == "__main__":
     if sys.argv[1] == "--compare":

@@ -6,10 +6,9 @@ import sys
 
 import torch
 import torch.distributed as dist
+from gpu_profiles import GiB, live_at_peak
 from tp_query.collector.dist_megatron import build_megatron_step
 from tp_query.collector.validate import LLAMA3_8B, layers_of
-
-GiB = 2**30
 
 
 def _state(step):  # the step closure's model/optimizer dict
@@ -29,22 +28,7 @@ def _where(frames: list) -> str:
 
 def _print_peak(rank: int, arg: str, trace: list) -> None:
     """The step's own allocations live at their peak (HISTORY=1), grouped by the allocating frame."""
-    from collections import defaultdict
-
-    live: dict = {}
-    cur = best = 0
-    best_live: dict = {}
-    for ev in trace:
-        if ev["action"] == "alloc":
-            live[ev["addr"]] = (ev["size"], _where(ev.get("frames", [])))
-            cur += ev["size"]
-            if cur > best:
-                best, best_live = cur, dict(live)
-        elif ev["action"] == "free_completed" and ev["addr"] in live:
-            cur -= live.pop(ev["addr"])[0]
-    by: dict = defaultdict(int)
-    for size, where in best_live.values():
-        by[where] += size
+    best, by = live_at_peak(trace, _where)
     print(f"rank{rank} {arg} step_allocs_at_peak={best / GiB:.2f}", flush=True)
     for where, size in sorted(by.items(), key=lambda kv: -kv[1])[:16]:
         print(f"rank{rank}    {size / GiB:7.3f} GiB  {where}", flush=True)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
+from gpu_profiles import aten_ops, kernel_busy, print_comparison, shaped_ops
 
 CASE = {"layers": 4, "seq": 4096}
 
@@ -37,48 +37,21 @@ def record(out: Path, settings: list[str]) -> None:
                      with_stack=bool(os.environ.get("STACKS"))) as prof:
             step()
             torch.cuda.synchronize()
-        ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        shaped: list[list] = []
-        for e in prof.key_averages():
-            if e.key.startswith("aten::") and e.self_device_time_total > 0:
-                ops[e.key.replace("aten::", "aten.")] = [e.self_device_time_total, e.count]
-        for e in prof.key_averages(group_by_input_shape=True):
-            if e.key.startswith("aten::") and e.self_device_time_total > 200:
-                shaped.append([e.key.replace("aten::", "aten."), str(e.input_shapes)[:160], e.self_device_time_total,
-                               e.count])
+        ops, shaped = aten_ops(prof), shaped_ops(prof, 200)
         if os.environ.get("STACKS") and rank == 0:
             for e in prof.key_averages(group_by_stack_n=6):
                 if e.key in ("aten::copy_", "aten::fill_", "aten::zero_") and e.self_device_time_total > 500:
                     print(f"STACK {s} {e.key} {e.self_device_time_total / 1e3:.2f} ms x{e.count}: "
                           + " <- ".join(x.split("/")[-1] for x in e.stack[:6]), flush=True)
-        kernels = [(ev.time_range.start, ev.time_range.end) for ev in prof.events()
-                   if ev.device_type == torch.autograd.DeviceType.CUDA]
-        kernels.sort()
-        busy, cs, ce = 0.0, *kernels[0]
-        for a, b in kernels[1:]:
-            if a > ce:
-                busy, cs, ce = busy + ce - cs, a, b
-            else:
-                ce = max(ce, b)
-        busy += ce - cs
+        busy, span = kernel_busy(prof)
         nccl = sum(ev.time_range.end - ev.time_range.start for ev in prof.events()
                    if ev.device_type == torch.autograd.DeviceType.CUDA and "nccl" in ev.name.lower())
         if rank == 0:
             (out / f"mcore-ops-{s}.json").write_text(json.dumps({"ops": ops, "shaped": shaped, "busy_us": busy,
-                                                                 "nccl_us": nccl,
-                                                                 "span_us": kernels[-1][1] - kernels[0][0]}))
+                                                                 "nccl_us": nccl, "span_us": span}))
             print(f"{s}: busy {busy / 1e3:.1f} ms, nccl {nccl / 1e3:.1f} ms, {len(ops)} ops", flush=True)
         cleanup()
     dist.destroy_process_group()
-
-
-# the profiler attributes a kernel to the innermost aten op: _to_copy and clone run copy_'s kernel
-_GROUPS = {"_to_copy": "copy", "clone": "copy", "copy_": "copy", "masked_fill_": "masked_fill", "contiguous": "copy"}
-
-
-def _group(op: str) -> str:
-    base = op.removeprefix("aten.").split(".")[0]
-    return _GROUPS.get(base, base)
 
 
 def compare(out: Path) -> None:
@@ -90,21 +63,9 @@ def compare(out: Path) -> None:
         real = json.loads(f.read_text())
         p = predict(layers_of(LLAMA3_8B, CASE["layers"]), dp=2, framework="megatron",
                     precision="mp_bf16" if s == "bf16" else s, with_ops=True)
-        ours: dict[str, float] = defaultdict(float)
-        theirs: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        for r in p.ops:
-            ours[_group(r.op)] += r.total_ms * 1e3
-        for n, (us, calls) in real["ops"].items():
-            theirs[_group(n)][0] += us
-            theirs[_group(n)][1] += calls
-        real["ops"] = theirs
         print(f"== {s}: real busy {real['busy_us'] / 1e3:.1f} ms (nccl {real['nccl_us'] / 1e3:.1f}), "
               f"engine {p.iteration_ms:.1f} ms")
-        names = sorted(set(real["ops"]) | set(ours), key=lambda n: -max(real["ops"].get(n, [0])[0], ours.get(n, 0)))
-        for n in names[:28]:
-            r = real["ops"].get(n, [0.0, 0])
-            print(f"  {n:40s} real {r[0] / 1e3:8.2f} ms ({r[1]:4d})  engine {ours.get(n, 0) / 1e3:8.2f} ms")
-
+        print_comparison(real["ops"], p.ops, 28, by_size=True)
 
 if __name__ == "__main__":
     if sys.argv[1] == "--compare":

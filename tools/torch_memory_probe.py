@@ -4,14 +4,13 @@ history of one step after warm-up is replayed to its peak, and the live blocks a
 innermost frame of user-level code that allocated them."""
 import os
 import sys
-from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+from gpu_profiles import GiB, live_at_peak
 from tp_query.collector import dist_validate as dv
 from tp_query.collector.dist_validate import dist_cases, run_case  # noqa: F401
 
-GiB = 2**30
 KEEP = ("transformers/", "collector/", "torch/distributed/tensor", "torch/distributed/pipelining",
         "torch/optim/", "torch/nn/functional", "torch/autograd")
 
@@ -47,21 +46,7 @@ def main() -> None:
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
         peak = torch.cuda.max_memory_allocated(dev)
-        trace = snap["device_traces"][dev.index]
-        live: dict[int, tuple[int, str]] = {}
-        cur = best = 0
-        best_live: dict[int, tuple[int, str]] = {}
-        for ev in trace:
-            if ev["action"] == "alloc":
-                live[ev["addr"]] = (ev["size"], _where(ev.get("frames", [])))
-                cur += ev["size"]
-                if cur > best:
-                    best, best_live = cur, dict(live)
-            elif ev["action"] in ("free_completed",) and ev["addr"] in live:
-                cur -= live.pop(ev["addr"])[0]
-        by: dict[str, int] = defaultdict(int)
-        for size, where in best_live.values():
-            by[where] += size
+        best, by = live_at_peak(snap["device_traces"][dev.index], _where)
         print(f"rank{rank} {cid} steady={steady / GiB:.2f} peak={peak / GiB:.2f} step_allocs_at_peak={best / GiB:.2f}",
               flush=True)
         for where, size in sorted(by.items(), key=lambda kv: -kv[1])[:14]:

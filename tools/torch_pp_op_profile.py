@@ -7,15 +7,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import defaultdict
 from pathlib import Path
 
-_GROUPS = {"_to_copy": "copy", "clone": "copy", "copy_": "copy", "masked_fill_": "masked_fill", "contiguous": "copy"}
-
-
-def _group(op: str) -> str:
-    base = op.removeprefix("aten.").split(".")[0]
-    return _GROUPS.get(base, base)
+from gpu_profiles import aten_ops, print_comparison, shaped_ops
 
 
 def record(out: Path, case_ids: list[str]) -> None:
@@ -40,11 +34,7 @@ def record(out: Path, case_ids: list[str]) -> None:
             step()
             torch.cuda.synchronize()
         if dist.get_rank() == dist.get_world_size() - 1:
-            ops = {e.key.replace("aten::", "aten."): [e.self_device_time_total, e.count]
-                   for e in prof.key_averages() if e.key.startswith("aten::") and e.self_device_time_total > 0}
-            shaped = [[e.key.replace("aten::", "aten."), str(e.input_shapes)[:160], e.self_device_time_total,
-                       e.count] for e in prof.key_averages(group_by_input_shape=True)
-                      if e.key.startswith("aten::") and e.self_device_time_total > 300]
+            ops, shaped = aten_ops(prof), shaped_ops(prof, 300)
             (out / f"pp-ops-{cid}.json").write_text(json.dumps({"ops": ops, "shaped": shaped}))
             print(f"{cid}: {sum(v[0] for v in ops.values()) / 1e3:.1f} ms of aten kernels", flush=True)
         del step
@@ -67,20 +57,10 @@ def compare(out: Path) -> None:
         par = ParallelConfig(pp=int(r["pp"]), global_batch=int(r["accum"]), **DIST_KINDS[r["dist_kind"]])
         p = eng.predict(PredictRequest(model=json.loads(r["config_json"]), gpu="h200", setting=Setting(r["setting"]),
                                        seq_len=r["seq_len"], parallel=par), with_ops=True)
-        ours: dict[str, float] = defaultdict(float)
-        theirs: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        for o in p.ops:
-            ours[_group(o.op)] += o.total_ms * 1e3
-        for n, (us, calls) in real["ops"].items():
-            theirs[_group(n)][0] += us
-            theirs[_group(n)][1] += calls
         print(f"== {cid}: measured {r['iteration_ms']:.1f} ms | engine {p.iteration_ms:.1f} ms; aten kernels "
-              f"{sum(v[0] for v in theirs.values()) / 1e3:.1f} ms real, {sum(ours.values()) / 1e3:.1f} ms engine")
-        names = sorted(set(theirs) | set(ours), key=lambda n: -abs(theirs.get(n, [0])[0] - ours.get(n, 0)))
-        for n in names[:16]:
-            t = theirs.get(n, [0.0, 0])
-            print(f"  {n:32s} real {t[0] / 1e3:8.2f} ms ({t[1]:4d})  engine {ours.get(n, 0) / 1e3:8.2f} ms")
-
+              f"{sum(v[0] for v in real['ops'].values()) / 1e3:.1f} ms real, "
+              f"{sum(o.total_ms for o in p.ops):.1f} ms engine")
+        print_comparison(real["ops"], p.ops, 16)
 
 if __name__ == "__main__":
     if sys.argv[1] == "--compare":
