@@ -6,7 +6,6 @@ Every error a user can fix is one line on stderr with exit code 2 (no traceback)
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -101,8 +100,6 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
     par = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
                          sequence_parallel=sequence_parallel, zero=zero, recompute=recompute == "full",
                          pp_schedule=pp_schedule, framework=framework, ddp_bucket_view=ddp_bucket_view, ep=ep)
-    if not math.isfinite(moe_imbalance) or moe_imbalance < 1.0:
-        raise UserError(f"--moe-imbalance must be a finite number >= 1, got {moe_imbalance}")
     return PredictRequest(model=obj, model_name=name, gpu=gpu, setting=precision, parallel=par, seq_len=seq_len,
                           optimizer=optimizer, strict=strict, db_root=db, moe_imbalance=moe_imbalance)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tp_query.schema.gpus import GpuSpec
 from tp_query.schema.precision import SETTINGS, Setting
+from tp_query.schema.signature import TensorSpec
 
 from .compose import StageWork
 from .framework import PipeSchedule, in_flight_microbatches, pipelining_retained_outputs
@@ -132,9 +133,13 @@ def _head_kept_bytes(mp: MemoryProfile, graph: Graph) -> int:
     return max(mp.fwd_end_bytes - mp.embed_act_bytes - graph.meta.traced_layers * mp.layer_act_bytes, 0)
 
 
-def logits_bytes(graph: Graph, par: ParallelConfig) -> int:
+def logits_spec(graph: Graph, par: ParallelConfig) -> TensorSpec:
     """One micro-batch's LM-head output on a TP rank, in the dtype the head computes in."""
     st = SETTINGS[Setting(graph.meta.setting)]
-    dt = st.autocast_dtype or st.param_dtype
     vocab = int(graph.meta.model.get("vocab_size", 0))
-    return graph.meta.micro_batch * graph.meta.seq_len * (vocab // max(par.tp, 1)) * dt.itemsize
+    return TensorSpec((graph.meta.micro_batch, graph.meta.seq_len, vocab // max(par.tp, 1)),
+                      st.autocast_dtype or st.param_dtype)
+
+
+def logits_bytes(graph: Graph, par: ParallelConfig) -> int:
+    return logits_spec(graph, par).nbytes

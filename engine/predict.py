@@ -18,13 +18,13 @@ from typing import Any, cast
 import numpy as np
 from tp_query.schema.gpus import GpuSpec, gpu_spec
 from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
-from tp_query.schema.ops import Family, describe
+from tp_query.schema.ops import Family
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
-from tp_query.schema.signature import OpCall, TensorSpec, call_key
+from tp_query.schema.signature import OpCall, TensorSpec
 from tp_query.schema.system import SystemSpec
 
 from .comm import CommModel
-from .compose import Composer, Item, StageWork
+from .compose import Composer, Item, StageWork, make_item
 from .dbcache import DbSnapshot
 from .flops import megatron_model_flops, parameter_count
 from .framework import (
@@ -43,7 +43,7 @@ from .framework import (
 from .graph import Graph, Phase, Section, is_graph_json
 from .hostsim import CalibrationError, HostModel, simulate
 from .lookup import LatencyModel, Query, Source
-from .memory import stage_memory
+from .memory import logits_spec, stage_memory
 from .parallel import ParallelConfig, PlanError
 
 TRACE_VERSION = 12
@@ -759,14 +759,9 @@ class _Assemble:
         par = self.par
         if not pipelining_retained_outputs(par.framework) or not self.g.meta.traced_layers:
             return 0.0
-        st = SETTINGS[Setting(self.g.meta.setting)]
-        dt = st.autocast_dtype or st.param_dtype
-        vocab = int(self.g.meta.model.get("vocab_size", 0)) // max(par.tp, 1)
-        chunk = TensorSpec((self.g.meta.micro_batch, self.g.meta.seq_len, vocab), dt)
-        call = OpCall("aten.cat.default", ([chunk] * par.micro_batches,))
-        info = describe(call, False)
-        q = Query(call_key(call.op, call.to_json_str(), info.math_mode), call.op, info)
-        e = self.eng.latency.estimate([q])[q.key]
+        call = OpCall("aten.cat.default", ([logits_spec(self.g, par)] * par.micro_batches,))
+        it = make_item(call.op, call.to_json_str(), Phase.BWD, False, call)
+        e = self.eng.latency.estimate([Query(it.key, call.op, it.info)])[it.key]
         return e.warm_us + host.beta * (e.cold_us - e.warm_us)
 
     def _p2p_bytes(self) -> float:
