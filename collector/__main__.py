@@ -85,7 +85,12 @@ def _validate(a: argparse.Namespace) -> int:
     cases = default_cases()
     if a.only:
         cases = [c for c in cases if any(s in c.case_id for s in a.only.split(","))]
-    n = run_validation(cases, Path(a.out), device, budget_s=a.budget_s)
+    out = Path(a.out)
+    if a.machine_sample:  # another sample of the machine kind: this instance's own folder (see dist-validate)
+        from .device import machine_id
+
+        out = out / "machines" / machine_id()
+    n = run_validation(cases, out, device, budget_s=a.budget_s)
     print(f"[validate] ran {n} cases")
     return 0
 
@@ -112,7 +117,7 @@ def _dist_validate(a: argparse.Namespace) -> int:
     from .dist_validate import main_dist
 
     main_dist(a.gpu, Path(a.out), a.only, a.budget_s, a.frameworks, Path(a.tiny_model) if a.tiny_model else None,
-              a.retry_errors, a.remeasure)
+              a.retry_errors, a.remeasure, a.machine_sample, a.max_iters)
     return 0
 
 
@@ -120,7 +125,7 @@ def _dist_probe(a: argparse.Namespace) -> int:
     from .dist_probe import main_probe
 
     spec = gpu_spec(a.gpu)
-    main_probe(spec.name, Path(a.out or f"data/{spec.name}"), a.what)
+    main_probe(spec.name, Path(a.out or f"data/{spec.name}"), a.what, a.host_kinds)
     return 0
 
 
@@ -169,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--out", default="data/validation")
     v.add_argument("--only")
     v.add_argument("--budget-s", type=float)
+    v.add_argument("--machine-sample", action="store_true",
+                   help="measure again on this machine instance (<out>/machines/<id>/), beside other instances")
     o = sub.add_parser("oplog", help="log the aten ops of real iterations")
     o.add_argument("--out", default="data/validation/oplog.parquet")
     cm = sub.add_parser("comm", help="NCCL collectives (launch with torchrun --nproc-per-node N)")
@@ -185,12 +192,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="run again cases recorded as failed (e.g. after installing megatron-core)")
     dv.add_argument("--remeasure", action="store_true",
                     help="run the selected cases again, new rows replacing old ones (after a timing change)")
+    dv.add_argument("--machine-sample", action="store_true",
+                    help="measure again on this machine instance as another sample of the machine kind "
+                         "(<out>/machines/<id>/; the report takes the median over instances)")
+    dv.add_argument("--max-iters", type=int, default=30, help="the most timed steps per case")
     dv.add_argument("--budget-s", type=float)
     dv.add_argument("--out", default="data/validation")
     dp_ = sub.add_parser("dist-probe", help="overlap and framework host costs (launch with torchrun)")
     dp_.add_argument("--gpu", required=True)
     dp_.add_argument("--out", help="the GPU's database folder (default data/<gpu>)")
     dp_.add_argument("--what", default="overlap,host")
+    dp_.add_argument("--host-kinds", help="comma-separated framework kinds of the host campaign (default all)")
     mt = sub.add_parser("memtrace", help="allocated memory after every op of one real iteration")
     mt.add_argument("--cases", required=True)
     mt.add_argument("--out", default="data/validation/memtrace.json")

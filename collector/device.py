@@ -8,11 +8,40 @@ from __future__ import annotations
 
 import platform
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from tp_query.schema.gpus import normalise_nvml_name
 from tp_query.schema.tables import Provenance
+
+
+def machine_id() -> str:
+    """This machine instance (a hash of its boot id and host name). Host-bound timings (DTensor dispatch,
+    small kernels) differ between instances of one machine kind by more than the targets allow, so such
+    measurements are kept per instance and combined, not replaced."""
+    import hashlib
+
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return "m" + hashlib.sha1(f"{platform.node()}|{boot}".encode()).hexdigest()[:10]
+
+
+def cpu_model() -> str:
+    """The host CPU's model name and logical core count (host costs are a property of this CPU)."""
+    name = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    return f"{name} x{os.cpu_count() or 0}"
 
 
 class DeviceError(RuntimeError):

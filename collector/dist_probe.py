@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from tp_query.schema.tables import FRAMEWORK_SCHEMA, OVERLAP_SCHEMA
 
-from .device import Device
+from .device import Device, cpu_model, machine_id
 from .store import ChunkedStore
 
 
@@ -268,21 +268,24 @@ class _OpCount(TorchDispatchMode):
 
 
 def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares slope and intercept."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return slope, my - slope * mx
+    """Theil-Sen slope (median of the pairwise slopes) and intercept (median residual): host-bound timings
+    carry outliers (one layer count 30% slow from a scheduler hiccup) that pull a least-squares line."""
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs))
+              if xs[j] != xs[i]]
+    slope = statistics.median(slopes)
+    return slope, statistics.median(y - slope * x for x, y in zip(xs, ys, strict=True))
 
 
-def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int = 40) -> int:
+def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int = 40,
+                  kinds: tuple[str, ...] = HOST_KINDS) -> int:
+    """Each machine instance keeps its own rows (a rerun on it replaces them; another instance adds)."""
     rows = []
     for setting in ("bf16", "amp_bf16"):
-        rows += _host_rows(device, prov, setting, iters)
+        rows += _host_rows(device, prov, setting, iters, kinds)
     if dist.get_rank() == 0 and out is not None:
-        store = ChunkedStore(out, f"framework-r{dist.get_world_size()}", FRAMEWORK_SCHEMA, prov,
-                             key_columns=("framework", "kind", "setting", "phase", "quantity", "ranks"), remeasure=True)
+        store = ChunkedStore(out, f"framework-r{dist.get_world_size()}-{machine_id()}", FRAMEWORK_SCHEMA, prov,
+                             key_columns=("framework", "kind", "setting", "phase", "quantity", "ranks", "machine"),
+                             remeasure=True)
         for r in rows:
             store.append(r)
         store.flush()
@@ -295,10 +298,16 @@ def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int 
 LAYER_COUNTS = (1, 2, 4, 6, 8)
 
 
-def _host_rows(device: torch.device, prov: Any, setting: str, iters: int) -> list[dict[str, Any]]:
+def _host_rows(device: torch.device, prov: Any, setting: str, iters: int,
+               kinds: tuple[str, ...] = HOST_KINDS) -> list[dict[str, Any]]:
     world = dist.get_world_size()
+    machine = machine_id()
+    # an extra is measured against its base, so the base runs too
+    kinds = tuple(k for k in HOST_KINDS if k in kinds or (k == "plain_tp_shard" and any(
+        x.startswith("tp") for x in kinds)) or (k == "plain" and any(x in ("ddp", "fsdp_z3", "fsdp_z2")
+                                                                   for x in kinds)))
     times: dict[tuple[str, int], dict[str, float]] = {}
-    for kind in HOST_KINDS:
+    for kind in kinds:
         for layers in LAYER_COUNTS:
             if dist.get_rank() == 0:
                 print(f"[host] {setting} {kind} L{layers}", flush=True)
@@ -307,7 +316,7 @@ def _host_rows(device: torch.device, prov: Any, setting: str, iters: int) -> lis
             times[(kind, layers)] = dict(zip(names, _max_over_ranks(*(t[k] for k in names)), strict=True))
     rows = []
     xs = [float(n) for n in LAYER_COUNTS]
-    for kind in HOST_KINDS:
+    for kind in kinds:
         base = "plain_tp_shard" if kind.startswith("tp") else "plain"
         for phase in ("fwd", "bwd", "opt"):
             slope, fixed = _fit_line(xs, [times[(kind, n)][phase] for n in LAYER_COUNTS])
@@ -322,11 +331,12 @@ def _host_rows(device: torch.device, prov: Any, setting: str, iters: int) -> lis
                 rows.append({"framework": "torch", "kind": kind, "setting": setting, "phase": phase, "quantity": q, "value_us": v,
                              "ranks": world, "samples_json": json.dumps({str(k[1]): times[k][phase] for k in times
                                                                          if k[0] == kind}),
-                             "status": "ok", "reason": "", "measured_at": _now(), **dataclasses.asdict(prov)})
+                             "status": "ok", "reason": "", "measured_at": _now(), **dataclasses.asdict(prov),
+                             "machine": machine, "cpu": cpu_model()})
     return rows
 
 
-def main_probe(gpu: str, out_root: Path, what: str) -> None:
+def main_probe(gpu: str, out_root: Path, what: str, host_kinds: str | None = None) -> None:
     from datetime import timedelta
 
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -339,7 +349,11 @@ def main_probe(gpu: str, out_root: Path, what: str) -> None:
         if "overlap" in what:
             overlap_campaign(device, prov, out_root / "overlap")
         if "host" in what:
-            host_campaign(device, prov, out_root / "framework")
+            kinds = tuple(host_kinds.split(",")) if host_kinds else HOST_KINDS
+            unknown = set(kinds) - set(HOST_KINDS)
+            if unknown:
+                raise ValueError(f"unknown host kinds {sorted(unknown)}; choose from {', '.join(HOST_KINDS)}")
+            host_campaign(device, prov, out_root / "framework", kinds=kinds)
     finally:
         dist.barrier()
         dist.destroy_process_group()

@@ -39,7 +39,7 @@ from tp_query.engine.trace.torchargs import torch_dtype
 from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.tables import VALIDATION_SCHEMA
 
-from .device import Device
+from .device import Device, machine_id
 from .hf_stages import PipeStage, autocast_for
 from .store import ChunkedStore
 from .timing import quantile
@@ -483,7 +483,7 @@ def _mesh(case: DistCase, device: torch.device) -> Any:
     return _MESHES[k]
 
 
-def run_case(case: DistCase, device: torch.device) -> dict[str, Any]:
+def run_case(case: DistCase, device: torch.device, max_iters: int = MAX_ITERS) -> dict[str, Any]:
     cleanup: Callable[[], None] | None = None
     torch.backends.cuda.matmul.allow_tf32 = SETTINGS[Setting(case.setting)].allow_tf32
     torch.backends.cudnn.allow_tf32 = True
@@ -498,7 +498,7 @@ def run_case(case: DistCase, device: torch.device) -> dict[str, Any]:
         else:
             step = build_torch_dp(case, mesh, device)
     try:
-        t = time_steps(step, device)
+        t = time_steps(step, device, max_iters=max_iters)
         prof = profile_step(step) if case.profile and device.type == "cuda" else None
     finally:
         if cleanup is not None:
@@ -534,9 +534,10 @@ def _row(case: DistCase, per_rank: list[dict[str, Any]] | None, status: str, rea
 
 
 def run_campaign(cases: list[DistCase], out: Path, gpu: str, budget_s: float | None = None,
-                 retry_errors: bool = False, remeasure: bool = False) -> int:
+                 retry_errors: bool = False, remeasure: bool = False, max_iters: int = MAX_ITERS) -> int:
     """Every rank runs every case; rank 0 records. A case left started by a killed job is recorded as failed.
-    remeasure: run the cases again, each new row replacing the old one (after a change to how steps are timed)."""
+    remeasure: run the cases again, each new row replacing the old one (after a change to how steps are timed).
+    max_iters: the most timed steps per case (host-bound cases never reach the noise target)."""
     cpu = gpu == "cpu"
     device = torch.device("cpu") if cpu else torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     rank = dist.get_rank()
@@ -571,7 +572,7 @@ def run_campaign(cases: list[DistCase], out: Path, gpu: str, budget_s: float | N
                 f.write(cid + "\n")
         status, reason, res = "ok", "", None
         try:
-            res = run_case(case, device)
+            res = run_case(case, device, max_iters)
         except torch.OutOfMemoryError:
             status, reason = "oom", "out of memory"
         except Exception as e:  # a configuration the stack refuses: a row with its reason
@@ -606,7 +607,11 @@ def gc_cuda(device: torch.device) -> None:
 
 
 def main_dist(gpu: str, out: Path, only: str | None, budget_s: float | None, frameworks: str,
-              tiny_model: Path | None = None, retry_errors: bool = False, remeasure: bool = False) -> None:
+              tiny_model: Path | None = None, retry_errors: bool = False, remeasure: bool = False,
+              machine_sample: bool = False, max_iters: int = MAX_ITERS) -> None:
+    """machine_sample: measure the cases on this machine instance as another sample of the machine kind, into
+    <out>/machines/<machine id>/ (a rerun on the same instance replaces its own rows); the report takes the
+    median over instances."""
     from datetime import timedelta
 
     cpu = gpu == "cpu"
@@ -621,7 +626,9 @@ def main_dist(gpu: str, out: Path, only: str | None, budget_s: float | None, fra
     if only:
         cases = [c for c in cases if any(s in c.case_id for s in only.split(","))]
     try:
-        n = run_campaign(cases, out, gpu, budget_s, retry_errors, remeasure)
+        if machine_sample:
+            out = out / "machines" / machine_id()
+        n = run_campaign(cases, out, gpu, budget_s, retry_errors, remeasure, max_iters)
         if dist.get_rank() == 0:
             print(f"[dist-validate] ran {n} cases")
     finally:

@@ -64,8 +64,14 @@ def _atomic_write(path: Path, table: pa.Table) -> None:
 
 
 def read_columns(path: Path, columns: list[str]) -> pa.Table:
+    """The named columns; a column added to the schema after the file was written reads as nulls."""
     try:
-        return pq.read_table(path, columns=columns)
+        have = set(pq.read_schema(path).names)
+        t = pq.read_table(path, columns=[c for c in columns if c in have])
+        for c in columns:
+            if c not in have:
+                t = t.append_column(c, pa.nulls(t.num_rows, pa.string()))
+        return t.select(columns)
     except Exception as e:
         raise StoreError(f"corrupt or unreadable Parquet file {path}: {str(e).splitlines()[0]}") from None
 
@@ -103,6 +109,11 @@ class ChunkedStore:
             except Exception as e:
                 raise StoreError(f"corrupt or unreadable Parquet file {p}: {str(e).splitlines()[0]}") from None
         self._recover()
+
+    def close(self) -> None:
+        """Write what is buffered and release the folder's lock (another store may open it)."""
+        self.flush()
+        self._lock.close()
 
     def _chunk_paths(self) -> list[Path]:
         return sorted(self.folder.glob(f"{self.campaign}-*.parquet"))

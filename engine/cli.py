@@ -633,7 +633,7 @@ def report(
         plot_path = out.with_name(out.stem + "-scatter.svg")
         plot.write(svg, plot_path)
         prov = eng.db.info().provenance
-        out.write_text(report_markdown(study.cases, host, summ, plot_path.name, prov))
+        out.write_text(report_markdown(study.cases, host, summ, plot_path.name, prov, eng.framework.instances()))
         out.with_suffix(".json").write_text(json.dumps(
             {"summary": summ, "host_model": dataclasses.asdict(host),
              "cases": [{**dataclasses.asdict(c), "ape": c.ape} for c in study.cases]}, indent=1, default=str))

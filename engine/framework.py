@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -71,13 +72,55 @@ class Interference:
         return pts[-1][1], pts[-1][2]
 
 
+FIRST_MACHINE = "first"  # host rows written before instances were told apart (one instance's)
+
+
 @dataclass
 class FrameworkData:
-    """The framework tables of a database: overlap interference and host costs."""
+    """The framework tables of a database: overlap interference and host costs. Host costs are measured per
+    machine instance (host-bound timings differ between instances of one machine kind: the H200 hosts
+    measured so far spent 7 to 20 us per eager operator); every value is the median over the instances, or
+    one instance's when `machine` names it."""
 
     overlap: list[dict[str, Any]] = field(default_factory=list)
     host: list[dict[str, Any]] = field(default_factory=list)
+    machine: str | None = None
     _extras: dict[tuple[str, str, str, int], HostExtra] = field(default_factory=dict, repr=False)
+
+    def machines(self) -> list[str]:
+        """The instances with host rows."""
+        return sorted({r.get("machine") or FIRST_MACHINE for r in self.host if r.get("status") == "ok"})
+
+    def instances(self) -> list[dict[str, Any]]:
+        """Per measured instance: its CPU, plain eager host cost per forward operator and DTensor TP's extra
+        per layer (forward + backward), both in bf16 (the report's instance table)."""
+        out = []
+        for m in self.machines():
+            fd = self.on(m)
+            cpus = {r.get("cpu") for r in fd._host_rows() if r.get("cpu")}
+            tp = fd.host_extra("torch", "tp", "bf16", 2).per_layer_us
+            out.append({"machine": m, "cpu": ", ".join(sorted(cpus)),
+                        "per_op_us": fd.per_op_host_us("bf16").get("fwd_us", float("nan")),
+                        "tp_extra_ms": (tp.get("fwd", 0.0) + tp.get("bwd", 0.0)) / 1e3})
+        return out
+
+    def on(self, machine: str | None) -> FrameworkData:
+        """The same tables with host costs of one instance (None: the median over instances)."""
+        if machine is not None and machine not in self.machines():
+            raise ValueError(f"no host measurements of machine {machine!r}; measured: {', '.join(self.machines())}")
+        return FrameworkData(self.overlap, self.host, machine)
+
+    def _host_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.host if r.get("status") == "ok"
+                and (self.machine is None or (r.get("machine") or FIRST_MACHINE) == self.machine)]
+
+    @staticmethod
+    def _median_over_machines(rows: list[dict[str, Any]]) -> float:
+        """Median over instances of each instance's mean (an instance may hold several variants)."""
+        per: dict[str, list[float]] = {}
+        for r in rows:
+            per.setdefault(r.get("machine") or FIRST_MACHINE, []).append(float(r["value_us"]))
+        return statistics.median(sum(v) / len(v) for v in per.values())
 
     def interference(self, ranks: int, precision_class: str) -> Interference:
         """The measured slowdowns for the compute class that dominates the step (tensor-core GEMMs in half
@@ -99,14 +142,14 @@ class FrameworkData:
     def per_op_host_us(self, setting: str) -> dict[str, float]:
         """Plain eager PyTorch's host cost per aten operator (forward, backward, optimizer), measured on
         host-bound runs: the per-layer time slope over the per-layer operator count, averaged over the plain
-        variants."""
+        variants of an instance, then the median over instances."""
         out: dict[str, float] = {}
         for phase in ("fwd", "bwd", "opt"):
-            vals = [float(r["value_us"]) for r in self.host if r.get("status") == "ok" and r["framework"] == "torch"
-                    and str(r["kind"]).startswith("plain") and r.get("setting") == setting
-                    and r["phase"] == phase and r["quantity"] == "per_op_us" and r["value_us"] > 0]
-            if vals:
-                out[f"{phase}_us"] = sum(vals) / len(vals)
+            rows = [r for r in self._host_rows() if r["framework"] == "torch" and str(r["kind"]).startswith("plain")
+                    and r.get("setting") == setting and r["phase"] == phase and r["quantity"] == "per_op_us"
+                    and r["value_us"] > 0]
+            if rows:
+                out[f"{phase}_us"] = self._median_over_machines(rows)
         return out
 
     def host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
@@ -116,7 +159,7 @@ class FrameworkData:
         return self._extras[key]
 
     def _host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
-        rows = [r for r in self.host if r.get("status") == "ok" and r["framework"] == framework and r["kind"] == kind
+        rows = [r for r in self._host_rows() if r["framework"] == framework and r["kind"] == kind
                 and r.get("setting") == setting]
         if not rows:
             return HostExtra.none()
@@ -124,15 +167,14 @@ class FrameworkData:
         rk = min(have, key=lambda r: (abs(r - ranks), r))
         per: dict[str, float] = {}
         fixed: dict[str, float] = {}
-        for r in rows:
-            if int(r["ranks"]) != rk:
-                continue
-            # host costs are non-negative by construction; a negative fit is noise around zero
-            if r["quantity"] == "extra_per_layer_us":
-                per[r["phase"]] = max(float(r["value_us"]), 0.0)
-            elif r["quantity"] == "extra_fixed_us":
-                fixed[r["phase"]] = max(float(r["value_us"]), 0.0)
-        return HostExtra(per, fixed, f"measured ({rk} ranks)")
+        for quantity, out in (("extra_per_layer_us", per), ("extra_fixed_us", fixed)):
+            for phase in ("fwd", "bwd", "opt"):
+                sel = [r for r in rows if int(r["ranks"]) == rk and r["quantity"] == quantity and r["phase"] == phase]
+                if sel:  # host costs are non-negative by construction; a negative fit is noise around zero
+                    out[phase] = max(self._median_over_machines(sel), 0.0)
+        n = len({r.get("machine") or FIRST_MACHINE for r in rows if int(r["ranks"]) == rk})
+        return HostExtra(per, fixed, f"measured ({rk} ranks, " + (f"machine {self.machine})" if self.machine else
+                                                                  f"median of {n} machine{'s' if n > 1 else ''})"))
 
 
 # ---------------------------------------------------------------------------------------------

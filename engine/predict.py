@@ -233,6 +233,7 @@ class Engine:
         self.system = system
         self.comm = CommModel(self.gpu, self._comm_table(), system)
         self.framework = FrameworkData(self._optional_table("overlap"), self._optional_table("framework"))
+        self._framework_on: dict[str | None, FrameworkData] = {None: self.framework}
         stacks = self.db.software_versions()
         self.version_warning = "" if len(stacks) <= 1 else (
             f"the database mixes {len(stacks)} software stacks (" + "; ".join(
@@ -303,8 +304,16 @@ class Engine:
     def predict(self, req: PredictRequest, graph: Graph | None = None, with_ops: bool = False) -> Prediction:
         return self.assemble(req, graph, with_ops).run()
 
-    def assemble(self, req: PredictRequest, graph: Graph | None = None, with_ops: bool = False) -> _Assemble:
-        """The raw material of a prediction, to evaluate under several host models (calibration)."""
+    def framework_on(self, machine: str | None) -> FrameworkData:
+        """The framework tables with one measured machine instance's host costs (None: the median)."""
+        if machine not in self._framework_on:
+            self._framework_on[machine] = self.framework.on(machine)
+        return self._framework_on[machine]
+
+    def assemble(self, req: PredictRequest, graph: Graph | None = None, with_ops: bool = False,
+                 host_machine: str | None = None) -> _Assemble:
+        """The raw material of a prediction, to evaluate under several host models (calibration); with
+        host_machine, under the host costs measured on that instance (validation of its own runs)."""
         par = req.parallel  # validated when it was built
         if req.optimizer not in OPTIMIZERS:
             raise PredictError(f"unknown optimizer {req.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
@@ -319,7 +328,7 @@ class Engine:
             stages = comp.stages(par)
         except PlanError as e:
             raise PredictError(str(e)) from None
-        return _Assemble(self, req, g, comp, stages, par, with_ops)
+        return _Assemble(self, req, g, comp, stages, par, with_ops, host_machine)
 
 
 SOURCES = list(Source)
@@ -479,16 +488,17 @@ class _Assemble:
     """A prediction's raw material (per stage: operator arrays) and its evaluation under a host model."""
 
     def __init__(self, eng: Engine, req: PredictRequest, g: Graph, comp: Composer, stages: list[StageWork],
-                 par: ParallelConfig, with_ops: bool) -> None:
+                 par: ParallelConfig, with_ops: bool, host_machine: str | None = None) -> None:
         self.eng, self.req, self.g, self.comp, self.stages, self.par = eng, req, g, comp, stages, par
         self.with_ops = with_ops
+        self.fw = eng.framework_on(host_machine)  # host costs: one measured instance's, or the median
         self.warnings: list[str] = []
         cache = eng.segments_for(comp, par.tp, par.ep)
         self.raw = []
         self.host_extras = self._host_extras()  # measured framework host costs that apply to this split
         self.extras = [self._host_extra_us(st) for st in stages]
         # the per-operator host costs of plain eager PyTorch, measured (data/<gpu>/framework/), where present
-        self.host_measured = eng.framework.per_op_host_us(self._host_setting())
+        self.host_measured = self.fw.per_op_host_us(self._host_setting())
         for st in stages:
             self.raw.append({
                 "sections": {(ph, sec): cache.section(ph, sec) for ph, parts in
@@ -516,7 +526,7 @@ class _Assemble:
             kinds.append("tp_sp" if par.sequence_parallel else "tp")
         if par.dp > 1:
             kinds.append({0: "ddp", 2: "fsdp_z2", 3: "fsdp_z3"}.get(par.zero, ""))
-        return [self.eng.framework.host_extra(fw, k, setting, par.gpus) for k in kinds if k]
+        return [self.fw.host_extra(fw, k, setting, par.gpus) for k in kinds if k]
 
     def _host_extra_us(self, st: StageWork) -> tuple[float, float, float]:
         """Extra host us per micro-batch (forward, backward) and per step (optimizer) for one stage."""
@@ -652,6 +662,11 @@ class _Assemble:
                                  f"network {self.eng.comm.network[0] / 1e9:.0f} GB/s per GPU, "
                                  f"{self.eng.comm.gpus_per_node} GPUs per node"
                                  + (f" from system {self.eng.system.name!r})" if self.eng.system else ")"))
+        spread = self._host_instances_ms(host) if self.fw.machine is None else None
+        if spread and spread[1] - spread[0] > 0.05 * total_us / 1e3:
+            self.warnings.append(f"host speed: {spread[0]:.1f}-{spread[1]:.1f} ms across the {spread[2]} measured "
+                                 f"host instances of this GPU (each one's own host costs); the median instance's "
+                                 "costs are used")
         host_share = breakdown["host_overhead_ms"] * 1e3 / total_us if total_us else 0.0
         extras = [e.source for e in self.host_extras if e.source != "none"]
         if host_share > 0.3:
@@ -685,6 +700,24 @@ class _Assemble:
             ops=self._op_rows(op_rows) if self.with_ops else [], **flops,
             sections=self._section_rows(crit, per_stage[crit]),
         )
+
+    def _host_instances_ms(self, host: HostModel) -> tuple[float, float, int] | None:
+        """The iteration under each measured host instance's costs (min, max, count); None with fewer than 2."""
+        machines = self.eng.framework.machines()
+        if len(machines) < 2:
+            return None
+        saved = (self.fw, self.host_extras, self.extras, self.host_measured)
+        totals = []
+        try:
+            for m in machines:
+                self.fw = self.eng.framework_on(m)
+                self.host_extras = self._host_extras()
+                self.extras = [self._host_extra_us(st) for st in self.stages]
+                self.host_measured = self.fw.per_op_host_us(self._host_setting())
+                totals.append(self.evaluate(host)[0] / 1e3)
+        finally:
+            self.fw, self.host_extras, self.extras, self.host_measured = saved
+        return min(totals), max(totals), len(totals)
 
     def _section_rows(self, crit: int, times: dict[str, Any]) -> list[dict[str, Any]]:
         """The slowest stage's GPU time by section: one copy's forward and backward, the copies per

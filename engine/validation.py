@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from tp_query.schema.model_config import ConfigError, parse_config
 from tp_query.schema.precision import Setting
 
+from .framework import FIRST_MACHINE
 from .hostsim import HostModel
 from .parallel import ParallelConfig, PlanError
 from .predict import Engine, PredictError, PredictRequest
@@ -54,6 +55,7 @@ class CaseResult:
     shape_split: str = ""  # distributed runs: calibration (shapes shared with calibration) | holdout
     host_ms: float | None = None  # distributed runs: the slowest rank's host issue time of a step
     family: str = ""  # the spec registry's family of the config that ran
+    machine: str = ""  # the machine instance it ran on ("": before instances were told apart)
 
     @property
     def ape(self) -> float | None:
@@ -80,8 +82,7 @@ class CaseResult:
         return self.predicted_fits == (self.status == "ok")
 
 
-def load_rows(root: Path) -> list[dict[str, Any]]:
-    files = sorted(glob.glob(str(root / "validation-*.parquet")))  # validation-dist-* included
+def _latest_rows(files: list[str]) -> list[dict[str, Any]]:
     if not files:
         return []
     rows = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default").to_pylist()
@@ -89,6 +90,20 @@ def load_rows(root: Path) -> list[dict[str, Any]]:
     for r in rows:
         latest[r["case_id"]] = r
     return list(latest.values())
+
+
+def load_rows(root: Path) -> list[dict[str, Any]]:
+    """The latest row of every case, then the cases measured again as samples of other machine instances
+    (<root>/machines/<id>/, `dist-validate --machine-sample`) as cases of their own, `<case>@<id>`, each
+    predicted with its instance's measured host costs. Rows of the main folder carry machine None: they
+    were measured before instances were told apart."""
+    out = _latest_rows(sorted(glob.glob(str(root / "validation-*.parquet"))))  # validation-dist-* included
+    for r in out:
+        r["machine"] = None
+    for d in sorted(p for p in (root / "machines").glob("*") if p.is_dir()):
+        for r in _latest_rows(sorted(glob.glob(str(d / "validation-*.parquet")))):
+            out.append({**r, "case_id": f"{r['case_id']}@{d.name}", "machine": d.name})
+    return out
 
 
 # What each distributed kind means as a request (see collector/dist_validate.py for how it ran).
@@ -127,6 +142,7 @@ class Study:
                            measured_peak_gib=(r["peak_allocated_bytes"] or 0) / 2**30 or None,
                            kernel_ms=r.get("kernel_ms"),
                            kernel_breakdown=_breakdown(r.get("kernel_breakdown_json")))
+            c.machine = r.get("machine") or ""
             try:
                 c.family = parse_config(shard_cfg).family.value
             except ConfigError:
@@ -155,13 +171,20 @@ class Study:
                 req = PredictRequest(model=shard_cfg, model_name=r["model"], gpu=engine.gpu.name,
                                      setting=Setting(r["setting"]), parallel=par, seq_len=r["seq_len"],
                                      optimizer=r["optimizer"])
-                self.assembled[c.case_id] = engine.assemble(req)
+                self.assembled[c.case_id] = engine.assemble(req, host_machine=self._host_machine(r))
                 if with_baselines and c.status == "ok" and c.split != "distributed":
                     for name, s in self.BASELINES.items():
                         self.baseline_asm[(c.case_id, name)] = engine.assemble(replace(req, setting=s))
             except (PredictError, PlanError) as e:
                 c.error = str(e)
             self.cases.append(c)
+
+    def _host_machine(self, row: dict[str, Any]) -> str | None:
+        """The instance whose host costs predict this run: its own where measured; rows from before instances
+        were told apart, those of that period (FIRST_MACHINE); otherwise the median over instances."""
+        have = self.engine.framework.machines()
+        want = row.get("machine") or FIRST_MACHINE
+        return want if want in have else None
 
     def _time(self, asm: Any, c: CaseResult, host: HostModel) -> float:
         total_us, _, per_stage, _ = asm.evaluate(host)
@@ -380,8 +403,47 @@ def family_markdown(cases: list[CaseResult]) -> list[str]:
     return L
 
 
+def instance_markdown(cases: list[CaseResult], instances: list[dict[str, Any]]) -> list[str]:
+    """The measured host instances: their CPU, host costs, and the runs measured on each against predictions
+    made with that instance's own host costs."""
+    def pct(x: float) -> str:
+        return "n/a" if x != x else f"{100 * x:.1f}%"
+
+    ops = [i["per_op_us"] for i in instances]
+    tpx = [i["tp_extra_ms"] for i in instances]
+    L = ["", "### Machine instances (host-bound work)", "",
+         f"Instances of one lent machine kind differ in host speed: eager PyTorch spent {min(ops):.1f} to "
+         f"{max(ops):.1f} us per forward operator and DTensor's dispatch {min(tpx):.1f} to {max(tpx):.1f} ms more "
+         "per decoder layer (forward and backward) on the instances measured, so host-bound runs (DTensor TP "
+         "at 4 layers, GPT-2 small) change by up to 1.5x between instances while GPU-bound runs agree within "
+         "1-2%. Host costs are therefore measured per instance (`make validate-dist` "
+         "with `--machine-sample`, beside the tiny-model host probe); cases `<case>@<instance>` ran on that "
+         "instance and are predicted with its own host costs (no constant comes from its runs). Rows without "
+         "an instance were measured before instances were told apart, and are predicted with the host probe of "
+         "that period (`first`), which need not be the instance they ran on. A user's prediction takes the "
+         "median instance and states the range over all of them.", "",
+         "| instance | CPU | eager host us/op (fwd, bf16) | DTensor TP extra ms/layer (fwd+bwd, bf16) | runs | "
+         "time MAPE | max |", "|---|---|---|---|---|---|---|"]
+    for inst in instances:
+        mine = [c for c in cases if (c.machine or "first") == inst["machine"] and c.status == "ok"
+                and c.split == "distributed" and c.ape is not None] if inst["machine"] != "first" else []
+        mine += [c for c in cases if c.machine == inst["machine"] and c.split != "distributed" and c.ape is not None]
+        m, mx, n = _mape(mine)
+        L.append(f"| {inst['machine']} | {inst['cpu'] or '-'} | {inst['per_op_us']:.1f} | "
+                 f"{inst['tp_extra_ms']:.1f} | {n} | {pct(m)} | {pct(mx)} |")
+    same = [c for c in cases if c.machine and c.split == "distributed"]
+    if same:
+        L += ["", "Distributed kinds, runs measured with their instance's host costs only:", "",
+              "| framework | kind | time MAPE shared (n) | held out (n) | max held out |", "|---|---|---|---|---|"]
+        for r in dist_summary(same):
+            a, b = r["calibration"], r["holdout"]
+            L.append(f"| {r['framework']} | {r['kind']} | {pct(a['mape'])} ({a['n']}) | {pct(b['mape'])} ({b['n']}) "
+                     f"| {pct(b['max'])} |")
+    return L
+
+
 def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, Any], plot_file: str,
-                    provenance: dict[str, Any]) -> str:
+                    provenance: dict[str, Any], instances: list[dict[str, Any]] | None = None) -> str:
     def pct(x: float) -> str:
         return "n/a" if x != x else f"{100 * x:.1f}%"
 
@@ -417,6 +479,8 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
     dist_cases = [c for c in cases if c.split == "distributed"]
     if dist_cases:
         L += dist_markdown(dist_cases)
+    if instances:
+        L += instance_markdown(cases, instances)
     prof = [c for c in cases if c.kernel_ms and c.measured_ms and c.predicted_ms]
     if prof:
         L += ["", "## Where the time goes (torch.profiler on a few cases)", "",

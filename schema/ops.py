@@ -378,7 +378,7 @@ GEMM_LLM_WIDTHS = ((896, 4864), (1536, 8960), (2048, 5632), (2048, 6144), (2048,
                    (8192, 28672), (8192, 29568))
 GEMM_LLM_TOKENS = (2048, 4096, 8192, 16384)
 GEMM_LLM_VOCABS = (32000, 128256, 151936, 152064)
-GEMM_LLM_PRECISIONS = (Precision.BF16, Precision.TF32)
+GEMM_LLM_PRECISIONS = (Precision.BF16, Precision.FP16, Precision.TF32)
 
 
 def _gemm_llm_grid(p: Precision) -> Iterable[OpCall]:
@@ -399,7 +399,7 @@ def _gemm_llm_grid(p: Precision) -> Iterable[OpCall]:
                 yield from linear(tok, h, f // tp)  # up / gate
                 yield from linear(tok, h, 2 * f // tp)  # fused gate-up (Megatron, Phi-3)
                 yield from linear(tok, f // tp, h)  # down
-        if p == Precision.BF16 and tok <= 8192:  # LM heads (TF32 ones run 10-50 ms each: held from the grid)
+        if p != Precision.TF32 and tok <= 8192:  # LM heads (TF32 ones run 10-50 ms each: held from the grid)
             for h in sorted({h for h, _ in GEMM_LLM_WIDTHS}):
                 for v in GEMM_LLM_VOCABS:
                     yield from linear(tok, h, v)

@@ -148,7 +148,10 @@ FRAMEWORK_SCHEMA = pa.schema(
      pa.field("phase", pa.string()),
      pa.field("quantity", pa.string()), pa.field("value_us", pa.float64()), pa.field("ranks", pa.int32()),
      pa.field("samples_json", pa.string()), pa.field("status", pa.string()), pa.field("reason", pa.string()),
-     pa.field("measured_at", pa.timestamp("ms", tz="UTC")), *PROVENANCE_FIELDS]
+     pa.field("measured_at", pa.timestamp("ms", tz="UTC")), *PROVENANCE_FIELDS,
+     # the machine instance (collector.device.machine_id): host costs differ between instances of one kind;
+     # each instance keeps its rows and the engine takes the median over instances (null: the first one)
+     pa.field("machine", pa.string()), pa.field("cpu", pa.string())]
 )
 
 

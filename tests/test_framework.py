@@ -146,3 +146,25 @@ def test_framework_data_reads_measured_rows() -> None:
     assert "2 ranks" in e.source
     assert fd.host_extra("torch", "tp", "amp_bf16", 2).source == "none"
     assert fd.per_op_host_us("bf16") == {"fwd_us": 11.0}  # only what was measured
+
+
+def test_host_costs_are_the_median_over_machine_instances() -> None:
+    """Each instance keeps its rows; the default is the median over instances, one instance on request."""
+    def row(kind: str, q: str, v: float, machine: str | None) -> dict[str, object]:
+        return {"framework": "torch", "kind": kind, "setting": "bf16", "phase": "fwd", "quantity": q,
+                "value_us": v, "ranks": 2, "status": "ok", "machine": machine}
+
+    rows = [row("tp", "extra_per_layer_us", v, m) for v, m in ((600.0, None), (300.0, "mA"), (200.0, "mB"))]
+    # an instance's plain variants are averaged first (mA: 7, 9 -> 8), then the median over instances
+    rows += [row("plain", "per_op_us", 20.0, None), row("plain", "per_op_us", 7.0, "mA"),
+             row("plain_tp_shard", "per_op_us", 9.0, "mA"), row("plain", "per_op_us", 12.0, "mB")]
+    fd = FrameworkData([], rows)
+    assert fd.machines() == ["first", "mA", "mB"]
+    assert fd.host_extra("torch", "tp", "bf16", 2).per_layer_us == {"fwd": 300.0}
+    assert "median of 3 machines" in fd.host_extra("torch", "tp", "bf16", 2).source
+    assert fd.per_op_host_us("bf16") == {"fwd_us": 12.0}
+    assert fd.on("mA").per_op_host_us("bf16") == {"fwd_us": 8.0}
+    assert fd.on("first").host_extra("torch", "tp", "bf16", 2).per_layer_us == {"fwd": 600.0}
+    assert "machine mB" in fd.on("mB").host_extra("torch", "tp", "bf16", 2).source
+    with pytest.raises(ValueError, match="no host measurements of machine"):
+        fd.on("mZ")

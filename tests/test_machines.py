@@ -1,0 +1,74 @@
+"""Machine instances as samples of a machine kind: host-bound timings differ between instances (7 to 20 us
+per eager operator on the H200 hosts measured), so their rows are kept apart and combined, never replaced."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tp_query.collector.dist_probe import _fit_line
+from tp_query.collector.store import ChunkedStore, read_columns
+from tp_query.engine.validation import load_rows
+from tp_query.schema.tables import FRAMEWORK_SCHEMA, VALIDATION_SCHEMA, Provenance
+
+PROV = Provenance(gpu="cpu", gpu_name="cpu", driver="n/a", cuda="n/a", torch="x", cudnn="n/a")
+
+
+def test_theil_sen_fit_ignores_one_outlier() -> None:
+    xs = [1.0, 2.0, 4.0, 6.0, 8.0]
+    ys = [100.0 + 50.0 * x for x in xs]
+    ys[3] *= 1.8  # one layer count hit by a scheduler hiccup
+    slope, fixed = _fit_line(xs, ys)
+    assert abs(slope - 50.0) < 1e-9 and abs(fixed - 100.0) < 1e-9
+
+
+def _val_row(case_id: str, ms: float) -> dict[str, object]:
+    row: dict[str, object] = {f.name: None for f in VALIDATION_SCHEMA}
+    row.update(case_id=case_id, model="m", config_json="{}", layers=1, setting="bf16", micro_batch=1, seq_len=8,
+               optimizer="adamw", tp_shard=1, split="holdout", status="ok", reason="", iteration_ms=ms,
+               samples_ms=[ms], iterations=1, measured_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+               **{k: getattr(PROV, k) for k in ("gpu", "gpu_name", "driver", "cuda", "torch", "cudnn",
+                                                 "collector_version", "schema_version")})
+    return row
+
+
+def test_machine_samples_are_cases_of_their_own(tmp_path: Path) -> None:
+    main = ChunkedStore(tmp_path, "validation-dist", VALIDATION_SCHEMA, PROV, key_columns=("case_id",))
+    main.append(_val_row("torch-tp-x", 100.0))
+    main.flush()
+    for machine, ms in (("mA", 70.0), ("mB", 72.0)):
+        st = ChunkedStore(tmp_path / "machines" / machine, "validation-dist", VALIDATION_SCHEMA, PROV,
+                          key_columns=("case_id",), remeasure=True)
+        st.append(_val_row("torch-tp-x", ms))
+        st.close()
+    # a rerun on mA replaces mA's row only
+    st = ChunkedStore(tmp_path / "machines" / "mA", "validation-dist", VALIDATION_SCHEMA, PROV,
+                      key_columns=("case_id",), remeasure=True)
+    st.append(_val_row("torch-tp-x", 69.0))
+    st.flush()
+    rows = {r["case_id"]: (r["iteration_ms"], r["machine"]) for r in load_rows(tmp_path)}
+    assert rows == {"torch-tp-x": (100.0, None), "torch-tp-x@mA": (69.0, "mA"), "torch-tp-x@mB": (72.0, "mB")}
+
+
+def test_host_rows_of_a_new_instance_sit_beside_older_ones(tmp_path: Path) -> None:
+    """Rows written before the machine column existed read it as null; a new instance adds, not replaces."""
+    old_schema = pa.schema([f for f in FRAMEWORK_SCHEMA if f.name not in ("machine", "cpu")])
+    base = {"framework": "torch", "kind": "tp", "setting": "bf16", "phase": "fwd", "quantity": "per_op_us",
+            "ranks": 2, "samples_json": "{}", "status": "ok", "reason": "",
+            "measured_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+            **{k: getattr(PROV, k) for k in ("gpu", "gpu_name", "driver", "cuda", "torch", "cudnn",
+                                              "collector_version", "schema_version")}}
+    pq.write_table(pa.Table.from_pylist([{**base, "value_us": 20.0}], schema=old_schema),
+                   tmp_path / "framework-r2-00000.parquet")
+    assert read_columns(tmp_path / "framework-r2-00000.parquet", ["kind", "machine"]).to_pylist() == [
+        {"kind": "tp", "machine": None}]
+    keys = ("framework", "kind", "setting", "phase", "quantity", "ranks", "machine")
+    for value in (7.0, 8.0):  # measured twice on instance mA: the second replaces the first
+        st = ChunkedStore(tmp_path, "framework-r2-mA", FRAMEWORK_SCHEMA, PROV, key_columns=keys, remeasure=True)
+        st.append({**base, "value_us": value, "machine": "mA", "cpu": "test"})
+        st.close()
+    got = sorted((r["value_us"], r.get("machine")) for p in sorted(tmp_path.glob("*.parquet"))
+                 for r in pq.read_table(p).to_pylist())
+    assert got == [(8.0, "mA"), (20.0, None)]

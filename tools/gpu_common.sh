@@ -1,0 +1,11 @@
+# Sourced by the device scripts: the package namespace (the checkout is not installed there) and the
+# shipping of what a campaign changed under data/ as one tarball in $OUT.
+mkdir -p .ns/tp_query && for d in schema engine collector; do ln -sfn "$PWD/$d" .ns/tp_query/$d; done
+export PYTHONPATH=$PWD/.ns${EXTRA_PATH:+:$EXTRA_PATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+
+ship() {  # ship NAME: changed and new files under data/ -> $OUT/NAME.tgz (deleted ones listed in gone.txt)
+  find data -name .lock -delete
+  { git ls-files -o --exclude-standard data; git diff --name-only -- data; } | sort -u > /tmp/ship.txt
+  git ls-files -d data > "$OUT/gone.txt"
+  tar czf "$OUT/$1.tgz" -T /tmp/ship.txt && wc -l < /tmp/ship.txt
+}
