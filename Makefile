@@ -62,6 +62,8 @@ collect-comm: $(NS)/tp_query
 
 # Distributed training iterations (torch: DDP, FSDP2, DTensor TP/SP, pipelining; Megatron-Core), NGPU of
 # them: resumable, one torchrun for the whole campaign. Megatron-Core needs CUDA_DEVICE_MAX_CONNECTIONS=1.
+# The host probe keeps this machine instance's rows beside other instances'; ARGS=--machine-sample measures
+# the cases again as this instance's own samples (data/validation/machines/<id>/).
 DIST_ENV := PYTHONPATH=$(NS)$(if $(PYTHONPATH),:$(PYTHONPATH)) NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 validate-dist: $(NS)/tp_query
 	$(DIST_ENV) torchrun --nproc-per-node $(NGPU) -m tp_query.collector dist-probe --gpu $(GPU)

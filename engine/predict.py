@@ -305,7 +305,7 @@ class Engine:
         return self.assemble(req, graph, with_ops).run()
 
     def framework_on(self, machine: str | None) -> FrameworkData:
-        """The framework tables with one measured machine instance's host costs (None: the median)."""
+        """The framework tables with one measured machine instance's host costs (None: the slowest measured)."""
         if machine not in self._framework_on:
             self._framework_on[machine] = self.framework.on(machine)
         return self._framework_on[machine]
@@ -491,7 +491,7 @@ class _Assemble:
                  par: ParallelConfig, with_ops: bool, host_machine: str | None = None) -> None:
         self.eng, self.req, self.g, self.comp, self.stages, self.par = eng, req, g, comp, stages, par
         self.with_ops = with_ops
-        self.fw = eng.framework_on(host_machine)  # host costs: one measured instance's, or the median
+        self.fw = eng.framework_on(host_machine)  # host costs: one measured instance's, or the slowest measured
         self.warnings: list[str] = []
         cache = eng.segments_for(comp, par.tp, par.ep)
         self.raw = []
@@ -665,7 +665,7 @@ class _Assemble:
         spread = self._host_instances_ms(host) if self.fw.machine is None else None
         if spread and spread[1] - spread[0] > 0.05 * total_us / 1e3:
             self.warnings.append(f"host speed: {spread[0]:.1f}-{spread[1]:.1f} ms across the {spread[2]} measured "
-                                 f"host instances of this GPU (each one's own host costs); the median instance's "
+                                 f"host instances of this GPU (each one's own host costs); the slowest one's "
                                  "costs are used")
         host_share = breakdown["host_overhead_ms"] * 1e3 / total_us if total_us else 0.0
         extras = [e.source for e in self.host_extras if e.source != "none"]

@@ -181,7 +181,7 @@ class Study:
 
     def _host_machine(self, row: dict[str, Any]) -> str | None:
         """The instance whose host costs predict this run: its own where measured; rows from before instances
-        were told apart, those of that period (FIRST_MACHINE); otherwise the median over instances."""
+        were told apart, those of that period (FIRST_MACHINE); otherwise the slowest measured."""
         have = self.engine.framework.machines()
         want = row.get("machine") or FIRST_MACHINE
         return want if want in have else None
@@ -421,7 +421,8 @@ def instance_markdown(cases: list[CaseResult], instances: list[dict[str, Any]]) 
          "instance and are predicted with its own host costs (no constant comes from its runs). Rows without "
          "an instance were measured before instances were told apart, and are predicted with the host probe of "
          "that period (`first`), which need not be the instance they ran on. A user's prediction takes the "
-         "median instance and states the range over all of them.", "",
+         "slowest measured instance (a planner should not promise a fast host; every session before the "
+         "instances were told apart ran on hosts that slow) and states the range over all of them.", "",
          "| instance | CPU | eager host us/op (fwd, bf16) | DTensor TP extra ms/layer (fwd+bwd, bf16) | runs | "
          "time MAPE | max |", "|---|---|---|---|---|---|---|"]
     for inst in instances:
