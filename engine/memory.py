@@ -16,7 +16,7 @@ from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.signature import TensorSpec
 
 from .compose import StageWork
-from .framework import PipeSchedule, in_flight_microbatches, pipelining_retained_outputs
+from .framework import PipeSchedule, in_flight_microbatches, pipelining_retained_outputs, tp_step_keeps_logits
 from .graph import Graph, MemoryProfile, Section
 from .parallel import ParallelConfig
 
@@ -86,6 +86,9 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
         # gradient are still live: one more copy of all micro-batches' logits (allocator trace, 2 x H200:
         # 18.6 GiB of chunks and 18.6 GiB merged at the peak of 8 TF32 micro-batches)
         merged = 2 * kept_logits
+    kept_pred = logits_bytes(graph, par) if stage.last and tp_step_keeps_logits(par.framework, par.tp, par.pp) \
+        else 0
+    acts += kept_pred
     if stage.last and graph.meta.traced_layers and sched == PipeSchedule.GPIPE and in_flight > 1:
         # GPipe runs every forward before the last stage's first backward: each micro-batch's loss activations
         # (the fp32 log-softmax) stay too, as measured on 2 x H200; the current one is in the head transient
@@ -107,7 +110,7 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     opt_transient = int(mp.opt_peak_bytes * share / (par.dp if par.zero >= 1 else 1))
     # DDP allocates its buckets when it wraps the model; gradient_as_bucket_view makes .grad views into them
     ddp_buckets = g if par.dp > 1 and par.zero == 0 and par.framework == "torch" else 0
-    at_opt = w + o + (0 if ddp_buckets and par.ddp_bucket_view else g) + opt_transient
+    at_opt = w + o + (0 if ddp_buckets and par.ddp_bucket_view else g) + opt_transient + kept_pred
     at_merge = w + o + g + merged if merged else 0
     buffers = WORKSPACE_BYTES + ddp_buckets + _megatron_attention_buffer(graph, par)
     peak = max(start_bwd, at_opt, at_merge) + buffers

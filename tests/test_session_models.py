@@ -255,3 +255,27 @@ def test_pipelining_merges_retained_outputs_at_the_end_of_the_step(eng: Engine) 
     m = stage_memory(asm.g, last, asm.par, "adamw", eng.gpu)
     two_copies = 2 * 8 * logits_bytes(asm.g, asm.par)
     assert m.peak_bytes >= m.weights_bytes + m.optimizer_bytes + m.grads_bytes + two_copies
+
+
+def test_dtensor_tp_step_keeps_its_logits(eng: Engine) -> None:
+    """PyTorch's loss_parallel step keeps `pred` (the vocab-sharded logits) referenced through backward and
+    the optimizer step: one micro-batch's logits more in a torch TP step's activations, not in Megatron's and
+    not at TP=1."""
+    from tp_query.engine.framework import tp_step_keeps_logits
+    from tp_query.engine.memory import logits_bytes, stage_memory
+
+    assert tp_step_keeps_logits("torch", 2, 1)
+    assert not tp_step_keeps_logits("megatron", 2, 1) and not tp_step_keeps_logits("torch", 1, 1)
+    assert not tp_step_keeps_logits("torch", 2, 2)  # pipelining keeps its outputs by its own rule
+
+    asm = eng.assemble(_req(Setting.BF16, tp=2))
+    (st,) = asm.stages
+    mp = asm.g.memory
+    m = stage_memory(asm.g, st, asm.par, "adamw", eng.gpu)
+    kept = st.layers * mp.layer_act_bytes + mp.embed_act_bytes
+    assert logits_bytes(asm.g, asm.par) > 0
+    assert m.activations_bytes == kept + logits_bytes(asm.g, asm.par)
+    asm1 = eng.assemble(_req(Setting.BF16))
+    (st1,) = asm1.stages
+    m1 = stage_memory(asm1.g, st1, asm1.par, "adamw", eng.gpu)
+    assert m1.activations_bytes == st1.layers * asm1.g.memory.layer_act_bytes + asm1.g.memory.embed_act_bytes

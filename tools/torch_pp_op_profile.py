@@ -1,7 +1,8 @@
-"""Where torch.distributed.pipelining's last stage spends GPU time, per aten operator (launch with torchrun,
-one process per GPU): the campaign's own case (collector/dist_validate.py), one profiled step after warm-up;
-the last rank writes OUT/pp-ops-CASE.json ({aten op: [device us, calls]}, per-shape rows, busy time).
-Compare offline with the engine's operator rows of the critical stage (`--compare OUT`)."""
+"""Where a PyTorch-native distributed step spends GPU time, per aten operator (launch with torchrun, one
+process per GPU): the campaign's own case (collector/dist_validate.py), one profiled step after warm-up.
+Pipelining: the last rank (the critical stage) writes OUT/pp-ops-CASE.json; DTensor TP and DP: rank 0
+writes OUT/dist-ops-CASE.json ({aten op: [device us, calls]}, per-shape rows). Compare offline with the
+engine's operator rows of the critical stage (`--compare OUT`)."""
 from __future__ import annotations
 
 import json
@@ -25,7 +26,9 @@ def record(out: Path, case_ids: list[str]) -> None:
     for cid in case_ids:
         case = cases[cid]
         torch.backends.cuda.matmul.allow_tf32 = case.setting == "tf32"
-        step = dv.build_torch_pp(case, dv._mesh(case, dev), dev)
+        pp = case.kind.startswith("pp")
+        build = dv.build_torch_pp if pp else dv.build_torch_tp if case.kind.startswith("tp") else dv.build_torch_dp
+        step = build(case, dv._mesh(case, dev), dev)
         for _ in range(3):
             step()
         torch.cuda.synchronize()
@@ -33,9 +36,9 @@ def record(out: Path, case_ids: list[str]) -> None:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             step()
             torch.cuda.synchronize()
-        if dist.get_rank() == dist.get_world_size() - 1:
+        if dist.get_rank() == (dist.get_world_size() - 1 if pp else 0):
             ops, shaped = aten_ops(prof), shaped_ops(prof, 300)
-            (out / f"pp-ops-{cid}.json").write_text(json.dumps({"ops": ops, "shaped": shaped}))
+            (out / f"{'pp' if pp else 'dist'}-ops-{cid}.json").write_text(json.dumps({"ops": ops, "shaped": shaped}))
             print(f"{cid}: {sum(v[0] for v in ops.values()) / 1e3:.1f} ms of aten kernels", flush=True)
         del step
         dv.gc_cuda(dev)
@@ -51,10 +54,12 @@ def compare(out: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     rows = {r["case_id"]: r for r in load_rows(root / "data" / "validation")}
     eng = Engine("h200", str(root / "data"))
-    for f in sorted(out.glob("pp-ops-*.json")):
-        cid = f.stem.removeprefix("pp-ops-")
+    for f in sorted([*out.glob("pp-ops-*.json"), *out.glob("dist-ops-*.json")]):
+        cid = f.stem.removeprefix("pp-ops-").removeprefix("dist-ops-")
         r, real = rows[cid], json.loads(f.read_text())
-        par = ParallelConfig(pp=int(r["pp"]), global_batch=int(r["accum"]), **DIST_KINDS[r["dist_kind"]])
+        dp = int(r["dp"] or 1)
+        par = ParallelConfig(dp=dp, tp=int(r["tp"] or 1), pp=int(r["pp"] or 1), global_batch=int(r["accum"]) * dp,
+                             **DIST_KINDS[r["dist_kind"]])
         p = eng.predict(PredictRequest(model=json.loads(r["config_json"]), gpu="h200", setting=Setting(r["setting"]),
                                        seq_len=r["seq_len"], parallel=par), with_ops=True)
         print(f"== {cid}: measured {r['iteration_ms']:.1f} ms | engine {p.iteration_ms:.1f} ms; aten kernels "
