@@ -21,14 +21,14 @@ from .predict import Engine, Prediction, PredictRequest
 from .search import SearchResult, SearchSpace
 from .search import search as _search
 
-_ENGINES: dict[tuple[str, str | None], Engine] = {}
+_ENGINES: dict[tuple[str, str | None, str | None], Engine] = {}
 
 
-def engine(gpu: str = "h200", db: str | None = None) -> Engine:
-    """A shared engine per (GPU, database): graphs and lookups are reused across calls."""
-    key = (gpu, db)
+def engine(gpu: str = "h200", db: str | None = None, torch_version: str | None = None) -> Engine:
+    """A shared engine per (GPU, database, software stack): graphs and lookups are reused across calls."""
+    key = (gpu, db, torch_version)
     if key not in _ENGINES:
-        _ENGINES[key] = Engine(gpu, db)
+        _ENGINES[key] = Engine(gpu, db, torch_version=torch_version)
     return _ENGINES[key]
 
 
@@ -45,7 +45,7 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
             sequence_parallel: bool = False, zero: int = 0, recompute: bool = False, strict: bool = False,
             with_ops: bool = False, framework: str = "torch", pp_schedule: str = "1f1b",
             ddp_bucket_view: bool = False, ep: int = 1, moe_imbalance: float = 1.0,
-            parallel: ParallelConfig | None = None) -> Prediction:
+            parallel: ParallelConfig | None = None, torch_version: str | None = None) -> Prediction:
     """One prediction; the split as keywords, or as a ParallelConfig (`parallel=`) which then wins."""
     cfg, name = _model(model)
     par = parallel or ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
@@ -54,19 +54,20 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
                                      ep=ep)
     req = PredictRequest(model=cfg, model_name=name, gpu=gpu, setting=Setting(precision), parallel=par,
                          seq_len=seq_len, optimizer=optimizer, strict=strict, db_root=db,
-                         moe_imbalance=moe_imbalance)
-    return engine(gpu, db).predict(req, with_ops=with_ops)
+                         moe_imbalance=moe_imbalance, torch_version=torch_version)
+    return engine(gpu, db, torch_version).predict(req, with_ops=with_ops)
 
 
 def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, seq_len: int = 4096,
            precisions: list[str | Setting] | None = None, gpu: str = "h200", db: str | None = None,
            tokens: float | None = None, price_per_gpu_hour: float | None = None, optimizer: str = "adamw",
-           micro_batches: tuple[int, ...] = (1, 2, 4, 8), framework: str = "torch") -> SearchResult:
+           micro_batches: tuple[int, ...] = (1, 2, 4, 8), framework: str = "torch",
+           torch_version: str | None = None) -> SearchResult:
     cfg, name = _model(model)
     space = SearchSpace(gpus, global_batch, seq_len,
                         tuple(Setting(p) for p in (precisions or [Setting.AMP_BF16])), micro_batches,
                         optimizer=optimizer, framework=framework)
-    return _search(engine(gpu, db), cfg, space, tokens, price_per_gpu_hour, name)
+    return _search(engine(gpu, db, torch_version), cfg, space, tokens, price_per_gpu_hour, name)
 
 
 def prediction_frame(p: Prediction) -> Any:

@@ -56,6 +56,8 @@ BucketViewOpt = Annotated[bool, typer.Option("--ddp-bucket-view", help="DDP(grad
 EpOpt = Annotated[int, typer.Option("--ep", help="expert-parallel degree (MoE, --framework megatron; divides DP)")]
 ImbalanceOpt = Annotated[float, typer.Option("--moe-imbalance", help="MoE: the busiest expert's tokens over the mean "
                                              "(1 = balanced routing; --framework megatron)")]
+TorchOpt = Annotated[str | None, typer.Option("--torch", help="answer from the operator rows measured under this "
+                                               "torch version (default: the database's primary stack)")]
 SystemOpt = Annotated[str | None, typer.Option("--system", help="a TOML system file or a preset "
                                                "(h200-sxm-8x-ndr, h100-sxm-8x-ndr): GPUs per node, links, price")]
 
@@ -75,7 +77,8 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
              micro_batch: int | None,
              global_batch: int | None, optimizer: str, sequence_parallel: bool, zero: int, recompute: str,
              strict: bool, db: str | None, framework: str = "torch", pp_schedule: str = "1f1b",
-             ddp_bucket_view: bool = False, ep: int = 1, moe_imbalance: float = 1.0) -> Any:
+             ddp_bucket_view: bool = False, ep: int = 1, moe_imbalance: float = 1.0,
+             torch_version: str | None = None) -> Any:
     from tp_query.engine.parallel import ParallelConfig
     from tp_query.engine.predict import PredictRequest
 
@@ -101,7 +104,8 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
                          sequence_parallel=sequence_parallel, zero=zero, recompute=recompute == "full",
                          pp_schedule=pp_schedule, framework=framework, ddp_bucket_view=ddp_bucket_view, ep=ep)
     return PredictRequest(model=obj, model_name=name, gpu=gpu, setting=precision, parallel=par, seq_len=seq_len,
-                          optimizer=optimizer, strict=strict, db_root=db, moe_imbalance=moe_imbalance)
+                          optimizer=optimizer, strict=strict, db_root=db, moe_imbalance=moe_imbalance,
+                          torch_version=torch_version)
 
 
 class _Progress:
@@ -190,6 +194,7 @@ def predict(
     ep: EpOpt = 1,
     moe_imbalance: ImbalanceOpt = 1.0,
     system: SystemOpt = None,
+    torch_version: TorchOpt = None,
 ) -> None:
     """Predict one training iteration: time, breakdown, peak memory and a fits/OOM verdict."""
     from tp_query.engine.predict import predict as run
@@ -198,7 +203,7 @@ def predict(
     def go() -> None:
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
                        sequence_parallel, zero, recompute, strict, db, framework, pp_schedule, ddp_bucket_view, ep,
-                       moe_imbalance)
+                       moe_imbalance, torch_version)
         with _Status("predicting (a new model or split is traced first: seconds)"):
             p = run(req, system=_system(system))
         if as_json:
@@ -232,6 +237,7 @@ def ops(
     ddp_bucket_view: BucketViewOpt = False,
     ep: EpOpt = 1,
     moe_imbalance: ImbalanceOpt = 1.0,
+    torch_version: TorchOpt = None,
 ) -> None:
     """List the per-operator rows behind a prediction (slowest stage, one iteration)."""
     from tp_query.engine.predict import Engine
@@ -240,11 +246,11 @@ def ops(
     def go() -> None:
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
                        sequence_parallel, zero, recompute, False, db, framework, pp_schedule, ddp_bucket_view, ep,
-                       moe_imbalance)
+                       moe_imbalance, torch_version)
         if by not in ("op", "kind", "phase", "layer"):
             raise UserError(f"--by must be op, kind, phase or layer, got {by!r}")
         with _Status("predicting (a new model or split is traced first: seconds)"):
-            p = Engine(req.gpu, req.db_root).predict(req, with_ops=by != "layer")
+            p = Engine(req.gpu, req.db_root, torch_version=req.torch_version).predict(req, with_ops=by != "layer")
         if by == "layer":
             from tp_query.engine.report import sections_table
 
@@ -455,6 +461,7 @@ def search(
     emit: Annotated[str | None, typer.Option(help="print how to launch the fastest configuration: "
                                                   "torchrun | megatron")] = None,
     system: SystemOpt = None,
+    torch_version: TorchOpt = None,
 ) -> None:
     """Search DP/TP/PP, micro-batch, precision, SP, ZeRO and recomputation for N GPUs; rank by speed."""
 
@@ -479,7 +486,8 @@ def search(
             price = price_per_gpu_hour if price_per_gpu_hour is not None else (
                 sysspec.price_per_gpu_hour if sysspec else None)
             with progress:
-                res = run_search(Engine(gpu, db, sysspec), cfg, space, tokens, price, model.stem, prog)
+                res = run_search(Engine(gpu, db, sysspec, torch_version), cfg, space, tokens, price, model.stem,
+                                 prog)
         except SearchError as e:
             raise UserError(str(e)) from None
         if not res.ranked:

@@ -71,12 +71,24 @@ def _arrow(con: duckdb.DuckDBPyConnection, query: str, params: Sequence[Any] | N
     return rel.arrow()
 
 
+def version_key(v: Any) -> tuple[int, ...]:
+    """A version string's numeric parts, for ordering ("2.10.0+cu130" after "2.9.1")."""
+    import re
+
+    return tuple(int(x) for x in re.findall(r"\d+", str(v).split("+")[0])) or (0,)
+
+
 class Database:
     """Views over one GPU's profile data (a local folder or an s3:// / https:// prefix), verified against
     the database's manifest (checksums) and its files' provenance before anything reads them."""
 
-    def __init__(self, gpu: str, root: Path | str | None = None, validate: bool = True) -> None:
+    def __init__(self, gpu: str, root: Path | str | None = None, validate: bool = True,
+                 torch_version: str | None = None) -> None:
+        """torch_version: answer from the operator rows measured under that torch (its public version, or
+        the full one); by default from the database's primary stack (the one with the most rows). Rows of
+        different software stacks are never blended into one median."""
         self.gpu = gpu
+        self.torch_request = torch_version
         self.root = str(root) if root is not None else str(default_root())
         self.con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False})
         self.remote = self.root.startswith(("s3://", "http://", "https://"))
@@ -177,7 +189,11 @@ class Database:
         try:
             for name, files in self.tables.items():
                 self.con.read_parquet(files, union_by_name=True).create_view(name, replace=True)
-            self.con.execute("CREATE VIEW ops_ok AS SELECT * FROM ops WHERE status = 'ok' AND run = 1")
+            self.stack = self._choose_stack()
+            ok = self.con.table("ops").filter("status = 'ok' AND run = 1")
+            for col in ("torch", "cuda", "cudnn"):  # values as expressions, never inside SQL text
+                ok = ok.filter(duckdb.ColumnExpression(col) == duckdb.ConstantExpression(self.stack[col]))
+            ok.create_view("ops_ok", replace=True)
             self.con.execute("""CREATE VIEW op_summary AS
                 SELECT family, kind, op, precision, count(*) AS points, median(latency_us) AS median_us,
                        min(latency_us) AS min_us, max(latency_us) AS max_us
@@ -199,17 +215,38 @@ class Database:
                         continue
 
     def software_versions(self) -> list[dict[str, Any]]:
-        """The software stacks the operator rows were measured under (torch, CUDA, cuDNN, driver)."""
-        return self.sql("SELECT torch, cuda, cudnn, driver, count(*) AS rows FROM ops GROUP BY ALL ORDER BY rows DESC"
-                        ).to_pylist()
+        """The software stacks the operator rows were measured under (torch, CUDA, cuDNN), most rows first
+        and then newest first; `used` marks the one this database answers from."""
+        rows = _arrow(self.con, "SELECT torch, cuda, cudnn, count(*) AS rows FROM ops GROUP BY ALL").to_pylist()
+        rows.sort(key=lambda r: (-r["rows"], *(tuple(-x for x in version_key(r[c]))
+                                               for c in ("torch", "cuda", "cudnn"))))
+        chosen = getattr(self, "stack", None)
+        for r in rows:
+            r["used"] = chosen is not None and all(r[c] == chosen[c] for c in ("torch", "cuda", "cudnn"))
+        return rows
+
+    def _choose_stack(self) -> dict[str, Any]:
+        """The requested torch's stack (its newest CUDA/cuDNN when several), else the primary one."""
+        stacks = self.software_versions()
+        if not stacks:
+            raise DatabaseError(f"the database at {self.base} has no operator rows")
+        want = self.torch_request
+        if want is None:
+            return stacks[0]
+        match = [s for s in stacks if str(s["torch"]) == want or str(s["torch"]).split("+")[0] == want]
+        if not match:
+            have = ", ".join(sorted({str(s["torch"]) for s in stacks}))
+            raise DatabaseError(f"no operator measurements under torch {want} in {self.base} (measured: {have})")
+        return match[0]  # the most rows, then the newest CUDA and cuDNN
 
     def _check_keys(self) -> None:
-        """One row per (key, run): a duplicate means a file was copied in or a campaign misbehaved."""
-        row = self.con.execute("SELECT key, run, count(*) FROM ops GROUP BY ALL HAVING count(*) > 1 LIMIT 1"
-                               ).fetchone()
+        """One row per (key, run) within a software stack: a duplicate means a file was copied in or a
+        campaign misbehaved."""
+        row = self.con.execute("SELECT key, run, torch, count(*) FROM ops GROUP BY key, run, torch, cuda, cudnn "
+                               "HAVING count(*) > 1 LIMIT 1").fetchone()
         if row:
             raise DatabaseError(f"duplicate measurements of one operator call (key {row[0]}, run {row[1]}, "
-                                f"{row[2]} rows) in {self.base}/ops")
+                                f"torch {row[2]}, {row[3]} rows) in {self.base}/ops")
 
     # -- queries ------------------------------------------------------------------------------
     def user_sql(self, query: str) -> pa.Table:

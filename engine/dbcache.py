@@ -2,7 +2,8 @@
 warm caches answers without DuckDB.
 
 The fingerprint is the database's manifest (every file's size and SHA-256) with the GPU, the project
-version and the reading code's own file. Each process still checks every file against the manifest (checksums: a few ms);
+version and the reading code's own file. Each process still checks every file against the manifest (a file whose
+size, mtime, ctime and inode match its last full hash is not hashed again: milliseconds for thousands of files);
 only the reads derived from those exact bytes come from the snapshot, and a snapshot is only ever
 written from a `Database` that passed its full validation (manifest, provenance, unique keys). A changed,
 added or missing file changes or fails the check, never a stale answer. Snapshots are JSON (no code runs
@@ -59,9 +60,10 @@ class DbSnapshot:
     """The engine's reads of one GPU's database: from the snapshot when its fingerprint matches, else from
     a fully validated `Database` (created on first need), saved for the next process."""
 
-    def __init__(self, gpu: str, root: Path | str | None = None) -> None:
+    def __init__(self, gpu: str, root: Path | str | None = None, torch_version: str | None = None) -> None:
         self.gpu = gpu
         self.root = str(root) if root is not None else str(default_root())
+        self.torch_version = torch_version  # which software stack's rows answer (Database)
         self._db: Any = None
         self._dir: Path | None = None
         base = Path(self.root) / gpu
@@ -69,15 +71,17 @@ class DbSnapshot:
         if remote or not (base / manifest.MANIFEST_NAME).is_file():
             self.database  # noqa: B018 - validates now and says why it cannot open, as before
             return
+        seen = _cache_root() / "verified" / (hashlib.blake2b(str(base.resolve()).encode(), digest_size=10
+                                                            ).hexdigest() + ".json")
         try:
-            manifest.verify(base, gpu)  # every process: the files are the bytes the manifest records
+            manifest.verify(base, gpu, seen)  # every process: the files are the bytes the manifest records
         except manifest.ManifestError as e:
             raise DatabaseError(str(e)) from None
         body = (base / manifest.MANIFEST_NAME).read_bytes()
         h = hashlib.blake2b(digest_size=12)
         reader = _READER.stat()
         for part in (body, gpu.encode(), str(SNAPSHOT_VERSION).encode(), _project_version().encode(),
-                     f"{reader.st_size}:{reader.st_mtime_ns}".encode()):
+                     f"{reader.st_size}:{reader.st_mtime_ns}".encode(), str(torch_version).encode()):
             h.update(part)
             h.update(b"|")
         self._dir = _cache_root() / h.hexdigest()
@@ -88,7 +92,7 @@ class DbSnapshot:
         if self._db is None:
             from .db import Database
 
-            self._db = Database(self.gpu, self.root)
+            self._db = Database(self.gpu, self.root, torch_version=self.torch_version)
         return self._db
 
     def _get(self, name: str, read: Callable[[Any], Any]) -> Any:

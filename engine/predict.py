@@ -25,7 +25,7 @@ from tp_query.schema.system import SystemSpec
 
 from .comm import CommModel
 from .compose import Composer, Item, StageWork, make_item
-from .dbcache import DbSnapshot
+from .dbcache import DatabaseError, DbSnapshot
 from .flops import megatron_model_flops, parameter_count
 from .framework import (
     INTERLEAVED_CHUNKS,
@@ -71,6 +71,7 @@ class PredictRequest:
     strict: bool = False
     db_root: str | None = None
     moe_imbalance: float = 1.0  # MoE routing: the busiest expert's rows over the mean (1: balanced)
+    torch_version: str | None = None  # whose operator rows answer (default: the database's primary stack)
 
 
 @dataclass(frozen=True)
@@ -220,12 +221,14 @@ def graph_for(req: PredictRequest) -> Graph:
 class Engine:
     """Holds the database connection and caches shared across predictions (search reuses it)."""
 
-    def __init__(self, gpu: str = "h200", db_root: str | None = None, system: SystemSpec | None = None) -> None:
+    def __init__(self, gpu: str = "h200", db_root: str | None = None, system: SystemSpec | None = None,
+                 torch_version: str | None = None) -> None:
         try:
             self.gpu: GpuSpec = gpu_spec(gpu)
         except ValueError as e:
             raise PredictError(str(e)) from None
-        self.db = DbSnapshot(self.gpu.name, db_root)  # no DuckDB when a snapshot of this database exists
+        self.torch_version = torch_version
+        self.db = DbSnapshot(self.gpu.name, db_root, torch_version)  # no DuckDB when a snapshot exists
         self.latency = LatencyModel(self.db, self.gpu)
         self.host = self._host_model(db_root)
         if system is not None and system.gpu != self.gpu.name:
@@ -234,11 +237,18 @@ class Engine:
         self.comm = CommModel(self.gpu, self._comm_table(), system)
         self.framework = FrameworkData(self._optional_table("overlap"), self._optional_table("framework"))
         self._framework_on: dict[str | None, FrameworkData] = {None: self.framework}
-        stacks = self.db.software_versions()
-        self.version_warning = "" if len(stacks) <= 1 else (
-            f"the database mixes {len(stacks)} software stacks (" + "; ".join(
-                f"torch {v['torch']} CUDA {v['cuda']} cuDNN {v['cudnn']}: {v['rows']} rows" for v in stacks[:3])
-            + "): medians blend them")
+        try:
+            stacks = self.db.software_versions()
+        except DatabaseError as e:
+            raise PredictError(str(e)) from None
+        used = next((v for v in stacks if v.get("used")), stacks[0] if stacks else {})
+        self.software = {k: used.get(k) for k in ("torch", "cuda", "cudnn")}
+        others = [v for v in stacks if not v.get("used")]
+        listed = "; ".join(f"torch {v['torch']} CUDA {v['cuda']} cuDNN {v['cudnn']}" for v in others[:3])
+        self.version_warning = "" if not others else (
+            f"operator costs measured under torch {used.get('torch')} (CUDA {used.get('cuda')}, cuDNN "
+            f"{used.get('cudnn')}: {used.get('rows')} rows); the database also holds {listed}"
+            + (f" and {len(others) - 3} more stacks" if len(others) > 3 else "") + " (choose with --torch)")
         self._graphs: dict[str, Graph] = {}
         self._composers: dict[tuple[int, bool], Composer] = {}
         self._segments: dict[tuple[int, int, int], SegmentCache] = {}
@@ -315,6 +325,9 @@ class Engine:
         """The raw material of a prediction, to evaluate under several host models (calibration); with
         host_machine, under the host costs measured on that instance (validation of its own runs)."""
         par = req.parallel  # validated when it was built
+        if req.torch_version is not None and req.torch_version != self.torch_version:
+            raise PredictError(f"this engine answers from the torch {self.torch_version or 'primary'} rows, the "
+                               f"request asks for torch {req.torch_version}: use Engine(..., torch_version=...)")
         if req.optimizer not in OPTIMIZERS:
             raise PredictError(f"unknown optimizer {req.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         if isinstance(req.seq_len, bool) or not isinstance(req.seq_len, int) or not 0 < req.seq_len <= MAX_SEQ:
@@ -971,4 +984,4 @@ class _Assemble:
 
 def predict(req: PredictRequest, with_ops: bool = False, system: SystemSpec | None = None) -> Prediction:
     """One prediction with a fresh engine."""
-    return Engine(req.gpu, req.db_root, system).predict(req, with_ops=with_ops)
+    return Engine(req.gpu, req.db_root, system, req.torch_version).predict(req, with_ops=with_ops)

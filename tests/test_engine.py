@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -207,4 +208,75 @@ def test_mixed_software_versions_are_named(cpu_db: Path, tmp_path: Path) -> None
     write_table(root / "cpu" / "ops" / "zz-newer.parquet", rows, OPS_SCHEMA, newer)
     manifest.adopt(root / "cpu", "cpu")
     p = Engine("cpu", str(root)).predict(req())
-    assert any("mixes 2 software stacks" in w and "9.9.9" in w for w in p.warnings)
+    # the primary stack (most rows) answers; the other is named with the way to choose it
+    assert any(f"measured under torch {prov.torch}" in w and "also holds torch 9.9.9" in w and "--torch" in w
+               for w in p.warnings)
+
+
+def test_software_stacks_are_never_blended(cpu_db: Path, tmp_path: Path) -> None:
+    """Two software stacks in one database: each answers from its own rows (never a median across them),
+    the primary one (most rows, then newest) by default, another on request; an unmeasured version is
+    refused in one line; a duplicate within one stack is still caught."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from tp_query.schema import manifest
+    from tp_query.schema.tables import METADATA_KEY
+
+    root = tmp_path / "db"
+    shutil.copytree(cpu_db / "cpu", root / "cpu")
+    old = pq.read_table(sorted((root / "cpu" / "ops").glob("*.parquet"))[0]).column("torch")[0].as_py()
+    for f in sorted((root / "cpu" / "ops").glob("*.parquet")):
+        t = pq.read_table(f)
+        for name in ("latency_us", "latency_warm_us"):
+            t = t.set_column(t.schema.get_field_index(name), name, pc.multiply(t[name], 2.0))
+        t = t.set_column(t.schema.get_field_index("torch"), "torch", pa.array(["99.0.0"] * t.num_rows, pa.string()))
+        md = dict(t.schema.metadata or {})
+        prov = json.loads(md[METADATA_KEY])
+        md[METADATA_KEY] = json.dumps({**prov, "torch": "99.0.0"}).encode()
+        pq.write_table(t.replace_schema_metadata(md), f.with_name(f.stem + "-newer.parquet"))
+    manifest.adopt(root / "cpu", "cpu")
+    r = req(tp=1)
+    base = Engine("cpu", str(cpu_db)).predict(r, with_ops=True)
+    newer = Engine("cpu", str(root)).predict(r, with_ops=True)  # equal rows: the newest stack answers
+    older = Engine("cpu", str(root), torch_version=old.split("+")[0]).predict(
+        replace(r, torch_version=old.split("+")[0]), with_ops=True)
+    assert older.iteration_ms == pytest.approx(base.iteration_ms, rel=1e-9)
+    by_key = {(o.phase, o.op, o.shapes): o for o in newer.ops}
+    exact = [(a, by_key[(a.phase, a.op, a.shapes)]) for a in base.ops if a.source == "exact"]
+    assert exact and all(b.latency_us == pytest.approx(2 * a.latency_us) for a, b in exact)
+    assert any("also holds torch" in w and "--torch" in w for w in newer.warnings)
+    with pytest.raises((PredictError, DatabaseError), match=r"no operator measurements under torch 1\.0"):
+        Engine("cpu", str(root), torch_version="1.0")
+    with pytest.raises(PredictError, match="answers from the torch"):
+        Engine("cpu", str(root)).predict(replace(r, torch_version="99.0.0"))
+    f = sorted((root / "cpu" / "ops").glob("*-newer.parquet"))[0]
+    shutil.copy(f, f.with_name("zz-again.parquet"))
+    manifest.adopt(root / "cpu", "cpu")
+    with pytest.raises(DatabaseError, match="duplicate measurements"):
+        Database("cpu", str(root))
+
+
+def test_verification_record_skips_only_unchanged_files(cpu_db: Path, tmp_path: Path) -> None:
+    """A file hashed before is not hashed again while its size, mtime, ctime and inode stand; one rewritten
+    in place (even with its mtime restored) is hashed and refused."""
+    import os
+
+    from tp_query.schema import manifest
+
+    root = tmp_path / "db" / "cpu"
+    shutil.copytree(cpu_db / "cpu", root)
+    seen = tmp_path / "seen.json"
+    n = manifest.verify(root, "cpu", seen)
+    record = json.loads(seen.read_text())
+    assert len(record) == n
+    assert manifest.verify(root, "cpu", seen) == n  # from the record
+    f = sorted((root / "ops").glob("*.parquet"))[0]
+    st = f.stat()
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: the ctime still moves
+    with pytest.raises(manifest.ManifestError, match="checksum mismatch"):
+        manifest.verify(root, "cpu", seen)
+    assert json.loads(seen.read_text()) == record  # a failed check leaves the record as it was
