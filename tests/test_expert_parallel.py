@@ -169,3 +169,17 @@ def test_ops_takes_the_split_options_of_predict(cpu_db: Path, tmp_path: Path) ->
     assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
     comm = lambda out: [row for row in json.loads(out) if row["op"] == "comm.all_to_all"]  # noqa: E731
     assert not comm(r1.stdout) and comm(r2.stdout)
+
+
+def test_megatron_scales_expert_and_dense_buffers_apart_under_ep(eng: Engine) -> None:
+    """Under EP > 1 Megatron-Core keeps the routed experts' gradients in a buffer of their own: two in-place
+    multiplies by 1/DP (the dense and the expert buffer); with experts replicated (EP=1), one."""
+    def scaled(**par: object) -> tuple[list[int], int, int]:
+        (st,) = eng.assemble(_req(**par)).stages
+        return ([it.call.args[0].shape[0] for it in st.ddp if it.call.op == "aten.mul_.Tensor"], st.param_numel,
+                st.expert_numel)
+
+    one, total1, _ = scaled(dp=2)
+    assert one == [total1]
+    two, total2, expert2 = scaled(dp=2, ep=2)
+    assert sorted(two) == sorted([total2 - expert2, expert2]) and expert2 > 0

@@ -279,3 +279,23 @@ def test_dtensor_tp_step_keeps_its_logits(eng: Engine) -> None:
     (st1,) = asm1.stages
     m1 = stage_memory(asm1.g, st1, asm1.par, "adamw", eng.gpu)
     assert m1.activations_bytes == st1.layers * asm1.g.memory.layer_act_bytes + asm1.g.memory.embed_act_bytes
+
+
+def test_megatron_scales_its_gradient_buffer_before_reducing(eng: Engine) -> None:
+    """Megatron-Core's DDP multiplies its fp32 gradient buffer by 1/DP before the all-reduce (one in-place
+    multiply over the whole buffer); none at DP=1, and PyTorch DDP's own bucket work is not added to it."""
+    from tp_query.schema.precision import DType
+
+    def scaling(**par: object) -> list[tuple[tuple[int, ...], DType, object]]:
+        asm = eng.assemble(_req(Setting.MP_BF16, framework="megatron", **par))
+        return [(it.call.args[0].shape, it.call.args[0].dtype, it.call.args[1]) for st in asm.stages
+                for it in st.ddp if it.call.op == "aten.mul_.Tensor"]
+
+    asm = eng.assemble(_req(Setting.MP_BF16, framework="megatron", dp=4))
+    (st,) = asm.stages
+    assert scaling(dp=4) == [((st.param_numel,), DType.FP32, 0.25)]
+    assert all(it.call.op == "aten.mul_.Tensor" for it in st.ddp)
+    assert scaling(dp=1) == []
+    p2 = eng.predict(_req(Setting.MP_BF16, framework="megatron", dp=2))
+    p1 = eng.predict(_req(Setting.MP_BF16, framework="megatron"))
+    assert p2.breakdown["backward_ms"] > p1.breakdown["backward_ms"]

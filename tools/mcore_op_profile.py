@@ -2,7 +2,9 @@
 the campaign's own Megatron build (LLaMA-3-8B shape, 4 layers, DP over the ranks), one profiled step after
 warm-up; rank 0 writes OUT/mcore-ops-SETTING.json with {aten op: [device us, calls]}, the iteration and the
 kernels' busy time. Compare offline with the engine's operator rows (`--compare OUT`).
-    torchrun --nproc-per-node 2 tools/mcore_op_profile.py OUT tf32 bf16"""
+    torchrun --nproc-per-node 2 tools/mcore_op_profile.py OUT tf32 bf16
+With MOE=1 (and EP=1|2) the Mixtral-8x7B shape at 2 layers as the MoE campaign runs it (DP over the ranks,
+experts over EP): OUT/mcore-ops-moe-ep<EP>-SETTING.json."""
 from __future__ import annotations
 
 import json
@@ -16,20 +18,29 @@ from gpu_profiles import aten_ops, kernel_busy, print_comparison, shaped_ops
 CASE = {"layers": 4, "seq": 4096}
 
 
+def _case() -> tuple[dict, int, str]:
+    """(config, EP, file tag) of the profiled case: the dense Llama one, or with MOE=1 the MoE one."""
+    from tp_query.collector.validate import LLAMA3_8B, MIXTRAL_8X7B, layers_of
+
+    if os.environ.get("MOE"):
+        ep = int(os.environ.get("EP", "1"))
+        return layers_of(MIXTRAL_8X7B, 2), ep, f"moe-ep{ep}-"
+    return layers_of(LLAMA3_8B, CASE["layers"]), 1, ""
+
+
 def record(out: Path, settings: list[str]) -> None:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
     from tp_query.collector.dist_megatron import build_megatron_step
-    from tp_query.collector.validate import LLAMA3_8B, layers_of
 
     rank = int(os.environ["RANK"])
     dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", device_id=dev)
+    cfg, ep, tag = _case()
     for s in settings:
-        step, cleanup, _ = build_megatron_step(layers_of(LLAMA3_8B, CASE["layers"]), s, tp=1, pp=1, micro_batch=1,
-                                               seq_len=CASE["seq"], micro_batches=1, distributed_optimizer=False,
-                                               device=dev)
+        step, cleanup, _ = build_megatron_step(cfg, s, tp=1, pp=1, micro_batch=1, seq_len=CASE["seq"],
+                                               micro_batches=1, distributed_optimizer=False, device=dev, ep=ep)
         for _ in range(3):
             step()
         torch.cuda.synchronize()
@@ -47,7 +58,7 @@ def record(out: Path, settings: list[str]) -> None:
         nccl = sum(ev.time_range.end - ev.time_range.start for ev in prof.events()
                    if ev.device_type == torch.autograd.DeviceType.CUDA and "nccl" in ev.name.lower())
         if rank == 0:
-            (out / f"mcore-ops-{s}.json").write_text(json.dumps({"ops": ops, "shaped": shaped, "busy_us": busy,
+            (out / f"mcore-ops-{tag}{s}.json").write_text(json.dumps({"ops": ops, "shaped": shaped, "busy_us": busy,
                                                                  "nccl_us": nccl, "span_us": span}))
             print(f"{s}: busy {busy / 1e3:.1f} ms, nccl {nccl / 1e3:.1f} ms, {len(ops)} ops", flush=True)
         cleanup()
@@ -55,14 +66,18 @@ def record(out: Path, settings: list[str]) -> None:
 
 
 def compare(out: Path) -> None:
-    from tp_query.collector.validate import LLAMA3_8B, layers_of
+    from tp_query.collector.validate import LLAMA3_8B, MIXTRAL_8X7B, layers_of
     from tp_query.engine.api import predict
 
     for f in sorted(out.glob("mcore-ops-*.json")):
         s = f.stem.removeprefix("mcore-ops-")
         real = json.loads(f.read_text())
-        p = predict(layers_of(LLAMA3_8B, CASE["layers"]), dp=2, framework="megatron",
-                    precision="mp_bf16" if s == "bf16" else s, with_ops=True)
+        cfg, ep = layers_of(LLAMA3_8B, CASE["layers"]), 1
+        if s.startswith("moe-ep"):
+            ep, s = int(s[6]), s[8:]
+            cfg = layers_of(MIXTRAL_8X7B, 2)
+        p = predict(cfg, dp=2, ep=ep, framework="megatron", precision="mp_bf16" if s == "bf16" else s,
+                    with_ops=True)
         print(f"== {s}: real busy {real['busy_us'] / 1e3:.1f} ms (nccl {real['nccl_us'] / 1e3:.1f}), "
               f"engine {p.iteration_ms:.1f} ms")
         print_comparison(real["ops"], p.ops, 28, by_size=True)
