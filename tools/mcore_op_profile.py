@@ -16,6 +16,9 @@ import torch
 from gpu_profiles import aten_ops, kernel_busy, print_comparison, shaped_ops
 
 CASE = {"layers": 4, "seq": 4096}
+# operators whose call sites STACKS=1 prints (the ones a profile found mistimed or missing in the graph)
+STACK_OPS = ("aten::copy_", "aten::fill_", "aten::zero_", "aten::mul", "aten::mul_", "aten::_softmax_backward_data",
+             "aten::masked_fill_", "aten::masked_fill", "aten::_softmax")
 
 
 def _case() -> tuple[dict, int, str]:
@@ -50,10 +53,10 @@ def record(out: Path, settings: list[str]) -> None:
             torch.cuda.synchronize()
         ops, shaped = aten_ops(prof), shaped_ops(prof, 200)
         if os.environ.get("STACKS") and rank == 0:
-            for e in prof.key_averages(group_by_stack_n=6):
-                if e.key in ("aten::copy_", "aten::fill_", "aten::zero_") and e.self_device_time_total > 500:
-                    print(f"STACK {s} {e.key} {e.self_device_time_total / 1e3:.2f} ms x{e.count}: "
-                          + " <- ".join(x.split("/")[-1] for x in e.stack[:6]), flush=True)
+            for e in prof.key_averages(group_by_input_shape=True, group_by_stack_n=8):
+                if e.key in STACK_OPS and e.self_device_time_total > 500:
+                    print(f"STACK {s} {e.key} {e.input_shapes} {e.self_device_time_total / 1e3:.2f} ms x{e.count}: "
+                          + " <- ".join(x.split("/")[-1] for x in e.stack[:8]), flush=True)
         busy, span = kernel_busy(prof)
         nccl = sum(ev.time_range.end - ev.time_range.start for ev in prof.events()
                    if ev.device_type == torch.autograd.DeviceType.CUDA and "nccl" in ev.name.lower())
