@@ -55,7 +55,7 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
     req = PredictRequest(model=cfg, model_name=name, gpu=gpu, setting=Setting(precision), parallel=par,
                          seq_len=seq_len, optimizer=optimizer, strict=strict, db_root=db,
                          moe_imbalance=moe_imbalance, torch_version=torch_version)
-    return engine(gpu, db, torch_version).predict(req, with_ops=with_ops)
+    return engine(gpu, db, torch_version).predict(req, with_ops=with_ops, host_range=True)
 
 
 def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, seq_len: int = 4096,

@@ -250,7 +250,8 @@ def ops(
         if by not in ("op", "kind", "phase", "layer"):
             raise UserError(f"--by must be op, kind, phase or layer, got {by!r}")
         with _Status("predicting (a new model or split is traced first: seconds)"):
-            p = Engine(req.gpu, req.db_root, torch_version=req.torch_version).predict(req, with_ops=by != "layer")
+            p = Engine(req.gpu, req.db_root, torch_version=req.torch_version).predict(req, with_ops=by != "layer",
+                                                                                     host_range=True)
         if by == "layer":
             from tp_query.engine.report import sections_table
 

@@ -81,7 +81,7 @@ class FrameworkData:
     machine instance (host-bound timings differ between instances of one machine kind: the H200 hosts
     measured so far spent 11 to 20 us per eager forward operator). All host costs come from one instance: the
     one `machine` names, or by default the slowest measured (a planner should not promise a fast host; the
-    prediction states the range over instances). A kind an instance did not measure comes from the median of
+    prediction states the step on the fastest one). A kind an instance did not measure comes from the median of
     the instances that did."""
 
     overlap: list[dict[str, Any]] = field(default_factory=list)
@@ -112,16 +112,25 @@ class FrameworkData:
             raise ValueError(f"no host measurements of machine {machine!r}; measured: {', '.join(self.machines())}")
         return FrameworkData(self.overlap, self.host, machine)
 
-    def default_machine(self) -> str | None:
-        """The slowest measured instance: the largest plain eager host cost per forward operator (bf16)."""
+    def _speed_order(self) -> list[str]:
+        """Instances from the slowest to the fastest host: plain eager host cost per forward operator (bf16)."""
         def cost(m: str) -> float:
             vals = [float(r["value_us"]) for r in self.host if r.get("status") == "ok"
                     and (r.get("machine") or FIRST_MACHINE) == m and str(r["kind"]).startswith("plain")
                     and r.get("setting") == "bf16" and r["phase"] == "fwd" and r["quantity"] == "per_op_us"]
             return sum(vals) / len(vals) if vals else 0.0
 
-        ms = self.machines()
-        return max(ms, key=lambda m: (cost(m), m)) if ms else None
+        return sorted(self.machines(), key=lambda m: (-cost(m), m))
+
+    def default_machine(self) -> str | None:
+        """The slowest measured instance."""
+        order = self._speed_order()
+        return order[0] if order else None
+
+    def fastest_machine(self) -> str | None:
+        """The fastest measured instance (the other end of a prediction's host range)."""
+        order = self._speed_order()
+        return order[-1] if order else None
 
     @property
     def chosen(self) -> str | None:

@@ -422,7 +422,7 @@ def instance_markdown(cases: list[CaseResult], instances: list[dict[str, Any]]) 
          "an instance were measured before instances were told apart, and are predicted with the host probe of "
          "that period (`first`), which need not be the instance they ran on. A user's prediction takes the "
          "slowest measured instance (a planner should not promise a fast host; every session before the "
-         "instances were told apart ran on hosts that slow) and states the range over all of them.", "",
+         "instances were told apart ran on hosts that slow) and states the step on the fastest one.", "",
          "| instance | CPU | eager host us/op (fwd, bf16) | DTensor TP extra ms/layer (fwd+bwd, bf16) | runs | "
          "time MAPE | max |", "|---|---|---|---|---|---|---|"]
     for inst in instances:

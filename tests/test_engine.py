@@ -280,3 +280,33 @@ def test_verification_record_skips_only_unchanged_files(cpu_db: Path, tmp_path: 
     with pytest.raises(manifest.ManifestError, match="checksum mismatch"):
         manifest.verify(root, "cpu", seen)
     assert json.loads(seen.read_text()) == record  # a failed check leaves the record as it was
+
+
+def test_host_range_over_machine_instances(cpu_db: Path, tmp_path: Path) -> None:
+    """With host costs of two instances, a user's prediction uses the slower one and states the step on the
+    faster one; a planner's loop (host_range=False) does not pay for the second evaluation."""
+    import datetime as dt
+
+    from tp_query.collector.store import write_table
+    from tp_query.schema import manifest
+    from tp_query.schema.tables import FRAMEWORK_SCHEMA, Provenance
+
+    root = tmp_path / "db"
+    shutil.copytree(cpu_db / "cpu", root / "cpu")
+    prov = Provenance("cpu", "cpu", "", "", "2.13", "")
+    rows = [{"framework": "torch", "kind": "plain", "setting": s, "phase": ph, "quantity": "per_op_us",
+             "value_us": us * (3.0 if ph == "fwd" else 1.0), "ranks": 2, "samples_json": "{}", "status": "ok",
+             "reason": "", "measured_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC), **prov.__dict__, "machine": m,
+             "cpu": "test"}
+            for m, us in (("mSlow", 400.0), ("mFast", 40.0)) for s in ("bf16", "amp_bf16")
+            for ph in ("fwd", "bwd", "opt")]
+    (root / "cpu" / "framework").mkdir()
+    write_table(root / "cpu" / "framework" / "framework-r2-test-00000.parquet", rows, FRAMEWORK_SCHEMA, prov)
+    manifest.adopt(root / "cpu", "cpu")
+    eng = Engine("cpu", str(root))
+    assert eng.framework.default_machine() == "mSlow" and eng.framework.fastest_machine() == "mFast"
+    slow = eng.predict(req(), host_range=True)
+    line = next(w for w in slow.warnings if w.startswith("host speed:"))
+    fast_ms = float(line.split(" ms on the fastest")[0].split()[-1])
+    assert fast_ms < slow.iteration_ms and f"{slow.iteration_ms:.1f} ms on the slowest" in line
+    assert not any(w.startswith("host speed:") for w in eng.predict(req()).warnings)
