@@ -50,7 +50,8 @@ def _collect(a: argparse.Namespace) -> int:
     if a.timer == "closed-form" and not device.cpu:
         print("error: --timer closed-form writes synthetic latencies: only with --gpu cpu (tests)", file=sys.stderr)
         return 2
-    timer = ClosedFormTimer() if a.timer == "closed-form" else Timer(device.torch_device, l2_bytes=spec.l2_bytes)
+    timer = ClosedFormTimer() if a.timer == "closed-form" else Timer(device.torch_device, l2_bytes=spec.l2_bytes,
+                                                                      duty=a.timer == "duty")
     t0 = time.perf_counter()
     by_campaign: dict[str, list] = {}
     for p in points:
@@ -167,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--remeasure-ops", help="comma-separated aten ops: measure their points again, replacing "
                    "the old rows (after a fix to how their inputs are made)")
     c.add_argument("--quiet", action="store_true")
-    c.add_argument("--timer", choices=("measure", "closed-form"), default="measure",
-                   help="closed-form: deterministic synthetic latencies from FLOPs and bytes (CPU tests only)")
+    c.add_argument("--timer", choices=("measure", "duty", "closed-form"), default="measure",
+                   help="duty: points of 100 us or more timed with memory-bound work of their own length after "
+                        "each sample (a training step's duty cycle; no back-to-back warm replays); closed-form: "
+                        "deterministic synthetic latencies from FLOPs and bytes (CPU tests only)")
     v = sub.add_parser("validate", help="time real training iterations")
     v.add_argument("--gpu", required=True)
     v.add_argument("--out", default="data/validation")

@@ -50,9 +50,16 @@ def quantile(xs: list[float], q: float) -> float:
 class Timer:
     """One per device: owns the L2 flush buffer and the policy knobs."""
 
+    # step duty cycle: points of at least this long get memory-bound work of their own length after each
+    # sample, as a training step runs a GEMM between memory-bound kernels (tools/duty_cycle_probe.py: back to
+    # back, the power cap holds a large GEMM 7-23% slower than between memory-bound kernels)
+    DUTY_MIN_US: ClassVar[float] = 100.0
+
     def __init__(self, device: torch.device, l2_bytes: int = 60 * 2**20, target_spread: float = 1.03,
-                 min_samples: int = 5, max_samples: int = 60, max_point_s: float = 1.5) -> None:
+                 min_samples: int = 5, max_samples: int = 60, max_point_s: float = 1.5, duty: bool = False) -> None:
         self.device = device
+        self.duty = duty
+        self._flush_us = 0.0
         self.cuda = device.type == "cuda"
         self.target_spread = target_spread
         self.min_samples = min_samples
@@ -66,18 +73,32 @@ class Timer:
             self._flush.zero_()
 
     # -- cold ---------------------------------------------------------------------------------
-    def _cold_round(self, fn: Callable[[], object], n: int, host_us: float) -> list[float]:
+    def _cold_round(self, fn: Callable[[], object], n: int, host_us: float, filler_us: float = 0.0) -> list[float]:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        # Keep the GPU busy while the host queues n samples (host cost per sample ~ host_us + flush).
-        torch.cuda._sleep(int(min(n * (host_us + 15.0) * 1e-6 * SM_HZ_GUESS, 2e8)))
+        fills = max(0, round(filler_us / self._flush_us)) if filler_us and self._flush_us else 0
+        # Keep the GPU busy while the host queues n samples (host cost per sample ~ host_us + flushes).
+        torch.cuda._sleep(int(min(n * (host_us + 15.0 * (1 + fills)) * 1e-6 * SM_HZ_GUESS, 2e8)))
         for i in range(n):
             self.flush()
             starts[i].record()
             fn()
             ends[i].record()
+            for _ in range(fills):  # memory-bound work of the operator's own length (step duty cycle)
+                self.flush()
         torch.cuda.synchronize(self.device)
         return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True)]
+
+    def _time_flush(self) -> float:
+        """One L2 flush (a memory-bound zero of 2 x L2), in us: the unit of the duty-cycle filler."""
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.flush()
+        a.record()
+        for _ in range(20):
+            self.flush()
+        b.record()
+        torch.cuda.synchronize(self.device)
+        return a.elapsed_time(b) * 1000.0 / 20
 
     def _host_us(self, fn: Callable[[], object]) -> float:
         torch.cuda.synchronize(self.device)
@@ -98,14 +119,22 @@ class Timer:
         host_us = self._host_us(fn)
         probe = self._cold_round(fn, 3, host_us)
         est = statistics.median(probe)
+        duty = self.duty and est >= self.DUTY_MIN_US
+        if duty:
+            self._flush_us = self._flush_us or self._time_flush()
+            probe = self._cold_round(fn, 3, host_us, est)  # the probe again, in the duty cycle
         samples = list(probe)
         deadline = time.perf_counter() + self.max_point_s
         per_round = max(5, min(20, int(20_000 / max(est, 1.0))))
         while len(samples) < self.max_samples and time.perf_counter() < deadline:
-            samples.extend(self._cold_round(fn, per_round, host_us))
+            samples.extend(self._cold_round(fn, per_round, host_us, est if duty else 0.0))
             if len(samples) >= self.min_samples and quantile(samples, 0.8) / quantile(samples, 0.2) <= self.target_spread:
                 break
         warm_med, warm_n = (None, 0)
+        if duty:  # back-to-back replays would undo the duty cycle: the cold samples are the measurement
+            return Measurement(statistics.median(samples), quantile(samples, 0.2), quantile(samples, 0.8),
+                               min(samples), tuple(samples), None, 0, "events-duty",
+                               {"host_us": host_us, "filler_us": est})
         if warm and est < 2000.0:
             k = int(max(1, min(50, 300.0 / max(est, 0.5))))
             warm_med, warm_n = self._warm(fn, est) if graph else self._warm_eager(fn, k)
