@@ -5,7 +5,8 @@ export PYTHONPATH=$PWD/.ns${EXTRA_PATH:+:$EXTRA_PATH} PYTHONUNBUFFERED=1 NCCL_NV
 
 ship() {  # ship NAME: changed and new files under data/ -> $OUT/NAME.tgz (deleted ones listed in gone.txt)
   find data -name .lock -delete
-  { git ls-files -o --exclude-standard data; git diff --name-only -- data; } | sort -u > /tmp/ship.txt
+  { git ls-files -o --exclude-standard data; git diff --name-only -- data; } | sort -u \
+    | while read -r f; do [ -e "$f" ] && echo "$f"; done > /tmp/ship.txt  # deleted ones go to gone.txt
   git ls-files -d data > "$OUT/gone.txt"
   tar czf "$OUT/$1.tgz" -T /tmp/ship.txt && wc -l < /tmp/ship.txt
 }
