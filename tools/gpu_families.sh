@@ -2,8 +2,7 @@
 # One device call: profile the spec registry families' operator calls (data/h200/campaigns/families.jsonl,
 # resumable), then time their real HF training iterations (resumable). New files come back as one tarball.
 set -u
-mkdir -p .ns/tp_query && for d in schema engine collector; do ln -sfn "$PWD/$d" .ns/tp_query/$d; done
-export PYTHONPATH=$PWD/.ns PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+source tools/gpu_common.sh
 git ls-files -o --exclude-standard data > /tmp/before.txt 2>/dev/null || true
 python3 - <<'PY' 2>&1 | tail -5
 import torch
@@ -26,7 +25,4 @@ timeout ${COLLECT_S:-330} python3 -m tp_query.collector collect --gpu h200 --out
   --sigs data/h200/campaigns/families.jsonl --budget-s $(( ${COLLECT_S:-330} - 30 )) --quiet 2>&1 | tail -5
 timeout ${VALIDATE_S:-220} python3 -m tp_query.collector validate --gpu h200 --only "${ONLY:-qwen3-8b-L4,mistral-7b-sw,gemma2-9b-L4,gemma3-4b-L6,phi3-mini-L4,pythia-1.4b-L24,mixtral-8x7b-L2,qwen3-30b-a3b-L4,qwen1.5-moe}" \
   --budget-s $(( ${VALIDATE_S:-220} - 20 )) 2>&1 | tail -12
-git ls-files -o --exclude-standard data > /tmp/after.txt
-git diff --name-only -- data > /tmp/changed.txt
-cat /tmp/after.txt /tmp/changed.txt | sort -u > /tmp/ship.txt
-tar czf "$OUT/families.tgz" -T /tmp/ship.txt && wc -l /tmp/ship.txt
+ship families

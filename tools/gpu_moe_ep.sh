@@ -5,8 +5,7 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
-mkdir -p .ns/tp_query && for d in schema engine collector; do ln -sfn "$PWD/$d" .ns/tp_query/$d; done
-export PYTHONPATH=$PWD/.ns:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+EXTRA_PATH=/tmp/site source tools/gpu_common.sh
 if [ -n "${OPLOG:-}" ]; then
   CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 120 torchrun --nproc-per-node 2 tools/mcore_moe_oplog.py "$OUT" 2>&1 | grep -v Warning | tail -8
 fi
@@ -25,6 +24,4 @@ if [ -n "${REMEASURE:-}" ]; then
     --frameworks torch --only "$REMEASURE" --remeasure --budget-s $(( ${REMEASURE_S:-150} - 30 )) 2>&1 \
     | grep -v -i warn | tail -8
 fi
-rm -f data/h200/ops/.lock data/validation/.lock
-{ git ls-files -o --exclude-standard data; git diff --name-only -- data; } | sort -u > /tmp/ship.txt
-tar czf "$OUT/campaign.tgz" -T /tmp/ship.txt && wc -l < /tmp/ship.txt
+ship campaign
