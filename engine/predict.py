@@ -1,30 +1,27 @@
 """One prediction: model + training setup + parallel split -> iteration time, breakdown, memory.
 
-Pipeline: trace (cached) -> compose stages -> look up every operator (exact / interpolated /
-extrapolated / miss) -> host/GPU two-queue simulation per stage -> 1F1B schedule with TP, PP and
-DP communication -> peak memory per stage -> the slowest stage and the largest memory win.
+The pipeline, one module each: the graph (graphcache: traced, cached) -> stages (compose) -> costed stages
+(segments: every operator looked up, exact / interpolated / extrapolated / miss) -> the schedule (here and
+framework: host/GPU two-queue simulation per stage, 1F1B with TP, PP and DP communication) -> the
+prediction (here, with peak memory per stage from memory).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 from tp_query.schema.gpus import GpuSpec, gpu_spec
-from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
-from tp_query.schema.ops import Family
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
 from tp_query.schema.system import SystemSpec
 
 from .comm import CommModel
-from .compose import Composer, Item, StageWork, make_item
+from .compose import Composer, StageWork, make_item
 from .dbcache import DatabaseError, DbSnapshot
 from .flops import megatron_model_flops, parameter_count
 from .framework import (
@@ -41,177 +38,16 @@ from .framework import (
     pipelining_retained_outputs,
 )
 from .graph import Graph, Phase, Section, is_graph_json
+from .graphcache import TRACE_VERSION, cache_dir, graph_for, trace_fields
 from .hostsim import CalibrationError, HostModel, simulate
 from .lookup import LatencyModel, Query, Source
 from .memory import logits_spec, stage_memory
 from .parallel import ParallelConfig, PlanError
+from .request import MAX_SEQ, MAX_TOKENS, OPTIMIZERS, OpRow, PredictError, Prediction, PredictRequest
+from .segments import SOURCES, Segment, SegmentCache
 
-TRACE_VERSION = 12
-SYNC_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default")
-OPTIMIZERS = ("adamw", "adamw_fused", "sgd")
-MAX_SEQ = 1 << 22  # 4M tokens of context
-MAX_TOKENS = 1 << 24  # tokens in one micro-batch
-
-
-class PredictError(ValueError):
-    """Bad input for a prediction (one line for the user)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PredictRequest:
-    """One question: this model, on this GPU, at this precision, sequence and optimizer, split as `parallel`."""
-
-    model: dict[str, Any]  # a HF config.json object or a tp-query graph object
-    model_name: str = "model"
-    gpu: str = "h200"
-    setting: Setting = Setting.AMP_BF16
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    seq_len: int = 4096
-    optimizer: str = "adamw"
-    strict: bool = False
-    db_root: str | None = None
-    moe_imbalance: float = 1.0  # MoE routing: the busiest expert's rows over the mean (1: balanced)
-    torch_version: str | None = None  # whose operator rows answer (default: the database's primary stack)
-
-
-@dataclass(frozen=True)
-class OpRow:
-    phase: str
-    op: str
-    kind: str
-    precision: str
-    shapes: str
-    count: float  # calls per iteration (a layer type's share of a stage's layers can be fractional)
-    latency_us: float
-    total_ms: float
-    source: str
-
-
-@dataclass(frozen=True)
-class Prediction:
-    iteration_ms: float
-    breakdown: dict[str, float]
-    peak_memory_gib: float
-    fits: bool
-    memory: dict[str, float]
-    sources: dict[str, float]
-    warnings: list[str]
-    config: dict[str, Any]
-    tokens_per_s: float
-    stages: list[dict[str, Any]] = field(default_factory=list)
-    ops: list[OpRow] = field(default_factory=list)
-    parameters: int | None = None  # of the whole model, every rank together
-    model_flops: float | None = None  # Megatron-LM's count for one iteration
-    model_tflops_per_gpu: float | None = None
-    hardware_tflops_per_gpu: float | None = None  # every operator the GPUs run (recomputation, optimizer)
-    mfu: float | None = None  # model FLOPs / (time x GPUs x datasheet dense peak of the compute precision)
-    # GPU time of the slowest stage by section: the embedding, one decoder layer (and how many), the head,
-    # the optimizer step (per iteration; host idle, pipeline bubble and data-parallel traffic apart)
-    sections: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_json(self, with_ops: bool = False) -> dict[str, Any]:
-        d = asdict(self)
-        if not with_ops:
-            d.pop("ops")
-        return d
-
-
-# ---------------------------------------------------------------------------------------------
-# graphs
-# ---------------------------------------------------------------------------------------------
-
-def cache_dir() -> Path:
-    p = Path(os.environ.get("TP_QUERY_CACHE", Path.home() / ".cache" / "tp-query")) / "graphs"
-    return p
-
-
-def _trace_fields(req: PredictRequest) -> dict[str, Any]:
-    """What a request's traced graph depends on besides the model (DP, PP and ZeRO do not change it)."""
-    par = req.parallel
-    return {"setting": req.setting.value, "mb": par.micro_batch, "seq": req.seq_len, "tp": par.tp,
-            "sp": par.sequence_parallel and par.tp > 1, "rc": par.recompute, "opt": req.optimizer,
-            "fw": par.framework, **({"ep": par.ep} if par.ep > 1 else {}),
-            **({"imb": req.moe_imbalance} if req.moe_imbalance != 1.0 else {})}
-
-
-def _installed_version(package: str, missing: str) -> str:
-    """A package's version without importing it (a cached graph must not outlive the torch or the tp-query
-    that traced it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return missing
-
-
-def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
-    body = json.dumps({"spec": spec.to_dict(), **_trace_fields(req), "v": TRACE_VERSION, "torch": _installed_version("torch", "none"),
-                       "project": _installed_version("tp-query", "source"),
-                       # transformers-built families and torchao's fp8 are whatever version is installed
-                       "transformers": _installed_version("transformers", "none") if spec.builder.value == "hf" else "",
-                       "torchao": _installed_version("torchao", "none") if "fp8" in req.setting.value else ""},
-                      sort_keys=True)
-    return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
-
-
-def graph_for(req: PredictRequest) -> Graph:
-    if is_graph_json(req.model):
-        try:
-            g = Graph.from_json(req.model)
-        except (TypeError, ValueError, KeyError) as e:
-            raise PredictError(f"not a valid graph file: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                               ) from None
-        par = req.parallel
-        if (par.tp > 1 or par.pp > 1) and g.meta.source == "module":
-            raise PredictError("a traced module runs as traced: use --tp 1 --pp 1 (DP and ZeRO are fine)")
-        traced = {"precision": g.meta.setting, "seq-len": g.meta.seq_len, "micro-batch": g.meta.micro_batch,
-                  "tp": g.meta.tp, "sequence-parallel": g.meta.sequence_parallel, "recompute": g.meta.recompute,
-                  "optimizer": g.meta.optimizer, "framework": g.meta.extra.get("framework", "torch"),
-                  "ep": int(g.meta.extra.get("ep", 1)),
-                  "moe-imbalance": float(g.meta.extra.get("moe_imbalance", 1.0))}
-        asked = {"precision": req.setting.value, "seq-len": req.seq_len, "micro-batch": par.micro_batch,
-                 "tp": par.tp, "sequence-parallel": par.sequence_parallel and par.tp > 1,
-                 "recompute": par.recompute, "optimizer": req.optimizer, "framework": par.framework, "ep": par.ep,
-                 "moe-imbalance": req.moe_imbalance}
-        if g.meta.source == "module":  # a user's module: its own shapes; tp is 1 by construction
-            for k in ("seq-len", "micro-batch"):
-                traced.pop(k)
-                asked.pop(k)
-        diff = [f"--{k} {asked[k]} (graph: {traced[k]})" for k in traced if asked[k] != traced[k]]
-        if diff:
-            raise PredictError("a graph file answers only for what it was traced with: " + ", ".join(diff) +
-                               "; pass the graph's values or trace again")
-        return g
-    try:
-        spec = parse_config(req.model, req.model_name)
-    except ConfigError as e:
-        raise PredictError(str(e)) from None
-    key = _graph_cache_key(spec, req)
-    path = cache_dir() / f"{key}.json.gz"
-    if path.exists():
-        try:
-            return Graph.load(path)
-        except Exception:
-            path.unlink(missing_ok=True)
-    try:
-        from .trace.capture import TraceError, TraceRequest, trace_config
-    except ImportError:
-        raise PredictError("tracing a config needs torch (pip install 'tp-query[trace]'), or pass a graph "
-                           "file from `tp-query trace`") from None
-    try:
-        par = req.parallel
-        g = trace_config(TraceRequest(spec, req.setting, par.micro_batch, req.seq_len, par.tp,
-                                      par.sequence_parallel, par.recompute, req.optimizer, framework=par.framework,
-                                      ep=par.ep, moe_imbalance=req.moe_imbalance))
-    except TraceError as e:
-        raise PredictError(str(e)) from None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        g.save(path)
-    except OSError:
-        pass
-    return g
+__all__ = ["TRACE_VERSION", "Engine", "OpRow", "PredictError", "PredictRequest", "Prediction", "cache_dir",
+           "graph_for", "predict"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,7 +101,7 @@ class Engine:
         """The traced graph of a request, kept in memory (search asks for the same ones often)."""
         if is_graph_json(req.model):
             return graph_for(req)
-        key = json.dumps({"model": req.model, **_trace_fields(req)}, sort_keys=True, default=str)
+        key = json.dumps({"model": req.model, **trace_fields(req)}, sort_keys=True, default=str)
         g = self._graphs.get(key)
         if g is None:
             g = self._graphs[key] = graph_for(req)
@@ -345,159 +181,6 @@ class Engine:
         except PlanError as e:
             raise PredictError(str(e)) from None
         return _Assemble(self, req, g, comp, stages, par, with_ops, host_machine)
-
-
-SOURCES = list(Source)
-_SRC_CODE = {src: i for i, src in enumerate(SOURCES)}
-
-
-@dataclass
-class Segment:
-    """A stretch of operators as raw, host-model-free arrays (calibration and search re-time them
-    quickly). `parts` keeps how a stage's segment was assembled, so its items are expanded only when
-    per-operator rows are asked for."""
-
-    cold: np.ndarray
-    warm: np.ndarray
-    comm_us: np.ndarray
-    is_comm: np.ndarray
-    phase: np.ndarray  # 0 fwd, 1 bwd, 2 opt
-    tensors: np.ndarray  # tensors in a multi-tensor call (0 otherwise)
-    sync: np.ndarray
-    src: np.ndarray  # index into SOURCES
-    base_items: list[Item] | None = None
-    parts: list[tuple[Segment, int]] | None = None
-    # how many layers' worth each operator stands for: 1, or a layer type's share of the model's layers
-    # (a model whose layers differ, such as Gemma's sliding and global layers, has a mean layer)
-    weight: np.ndarray | None = None
-    ep_comm: np.ndarray | None = None  # collectives over the expert-parallel group (None: there are none)
-
-    def ep_mask(self) -> np.ndarray:
-        return self.ep_comm if self.ep_comm is not None else np.zeros(len(self.cold), dtype=bool)
-
-    def weights(self) -> np.ndarray:
-        return self.weight if self.weight is not None else np.ones(len(self.cold))
-
-    @property
-    def items(self) -> list[Item]:
-        if self.base_items is not None:
-            return self.base_items
-        out: list[Item] = []
-        for p, n in self.parts or []:
-            out += p.items * n
-        return out
-
-    @staticmethod
-    def empty() -> Segment:
-        z = np.zeros(0)
-        return Segment(z, z, z, np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64), z, np.zeros(0, dtype=bool),
-                       np.zeros(0, dtype=np.int64), [])
-
-    @staticmethod
-    def concat(parts: list[tuple[Segment, int]]) -> Segment:
-        parts = [(p, n) for p, n in parts if n > 0 and len(p.cold)]
-        if not parts:
-            return Segment.empty()
-        if len(parts) == 1 and parts[0][1] == 1:
-            return parts[0][0]
-
-        def cat(attr: str) -> np.ndarray:
-            return np.concatenate([np.tile(getattr(p, attr), n) for p, n in parts])
-
-        weighted = any(p.weight is not None for p, _ in parts)
-        with_ep = any(p.ep_comm is not None for p, _ in parts)
-        return Segment(cat("cold"), cat("warm"), cat("comm_us"), cat("is_comm"), cat("phase"), cat("tensors"),
-                       cat("sync"), cat("src"), None, parts,
-                       np.concatenate([np.tile(p.weights(), n) for p, n in parts]) if weighted else None,
-                       np.concatenate([np.tile(p.ep_mask(), n) for p, n in parts]) if with_ep else None)
-
-    def times(self, host: HostModel) -> tuple[np.ndarray, np.ndarray]:
-        g = np.where(self.is_comm, self.comm_us, self.warm + host.beta * (self.cold - self.warm))
-        h = np.choose(self.phase, [host.fwd_us, host.bwd_us, host.opt_us]) + host.per_tensor_us * self.tensors
-        if self.weight is not None:
-            return g * self.weight, h * self.weight
-        return g, h
-
-
-_PHASE_CODE = {Phase.FWD: 0, Phase.BWD: 1, Phase.OPT: 2}
-
-
-class SegmentCache:
-    """Per graph and TP (and EP) degree: raw operator arrays of every section, built once (search reuses them)."""
-
-    def __init__(self, eng: Engine, comp: Composer, tp: int, ep: int = 1) -> None:
-        self.eng, self.comp, self.tp, self.ep = eng, comp, tp, ep
-        self._sections: dict[tuple[Phase, Section], Segment] = {}
-        self._stages: dict[tuple[Phase, tuple[tuple[Section, int], ...]], Segment] = {}
-
-    def stage(self, phase: Phase, parts: list[tuple[Section, int]]) -> Segment:
-        k = (phase, tuple(parts))
-        if k not in self._stages:
-            self._stages[k] = Segment.concat([(self.section(phase, sec), n) for sec, n in parts])
-        return self._stages[k]
-
-    def section(self, phase: Phase, sec: Section) -> Segment:
-        k = (phase, sec)
-        if k not in self._sections:
-            self._sections[k] = self._segment(self.comp.part(phase, sec), self.comp.part_weights(phase, sec))
-        return self._sections[k]
-
-    def items_segment(self, a: list[Item], b: list[Item] | None, kind: str) -> Segment:
-        k = (id(a), id(b), kind, self.tp, self.ep)
-        shared = self.eng.item_segments  # across graphs: the optimizer lists themselves are shared
-        if k not in shared:
-            if kind == "opt":
-                items = [it for it in a if it.phase == Phase.OPT] + list(b or [])
-            elif kind == "ddp":
-                items = [it for it in a if it.phase == Phase.BWD]
-            else:
-                items = list(a)
-            shared[k] = self._segment(items)
-        return shared[k]
-
-    def _comm_us(self, it: Item) -> tuple[float, Source]:
-        """An in-graph collective, priced over its own group (each record names it: tp today; the data,
-        pipeline and expert groups' traffic is the framework model's, outside the graph)."""
-        t = next(iter(it.call.tensors()))
-        kind = it.call.op.split(".", 1)[1]
-        group = str(dict(it.call.kwargs).get("group", "tp"))
-        ranks = {"tp": self.tp, "ep": self.ep}.get(group)
-        if ranks is None:
-            raise PredictError(f"the graph has a {kind} over group {group!r}, which this split does not size")
-        e = self.eng.comm.estimate(kind, float(t.nbytes), ranks)
-        return e.us, e.source
-
-    def _segment(self, items: list[Item], weight: np.ndarray | None = None) -> Segment:
-        # one row per distinct (call, phase) for the engine's life: search and new DP sizes re-use them
-        cache = self.eng.item_rows.setdefault((self.tp, self.ep), {})
-        qs = {it.key: Query(it.key, it.call.op, it.info) for it in items
-              if not it.call.op.startswith("comm.") and (it.key, it.phase) not in cache}
-        est = self.eng.latency.estimate(list(qs.values())) if qs else {}
-        n = len(items)
-        cold, warm, comm_us = np.zeros(n), np.zeros(n), np.zeros(n)
-        is_comm, sync = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-        phase, tensors = np.zeros(n, dtype=np.int64), np.zeros(n)
-        src_codes = np.zeros(n, dtype=np.int64)
-        for i, it in enumerate(items):
-            c = cache.get((it.key, it.phase))
-            if c is None:
-                if it.call.op.startswith("comm."):
-                    us, src = self._comm_us(it)
-                    row = (0.0, 0.0, us, True, src)
-                else:
-                    e = est[it.key]
-                    row = (e.cold_us, e.warm_us, 0.0, False, e.source)
-                multi = it.info.family == Family.FOREACH or it.call.op.startswith("aten._foreach")
-                nt = float(sum(1 for _ in it.call.tensors())) if multi else 0.0
-                syncs = it.call.op in SYNC_OPS and not it.call.on_host_only()
-                c = (row[0], row[1], row[2], row[3], _PHASE_CODE[it.phase], nt, syncs, row[4])
-                cache[(it.key, it.phase)] = c
-            cold[i], warm[i], comm_us[i], is_comm[i], phase[i], tensors[i], sync[i], src = c
-            src_codes[i] = _SRC_CODE[src]
-        ep = np.array([it.call.op.startswith("comm.") and dict(it.call.kwargs).get("group") == "ep" for it in items],
-                      dtype=bool)
-        return Segment(cold, warm, comm_us, is_comm, phase, tensors, sync, src_codes, items, None, weight,
-                       ep if ep.any() else None)
 
 
 class _Assemble:

@@ -33,6 +33,7 @@ from tp_query.engine.graph import (
     Section,
     layer_templates,
 )
+from tp_query.engine.request import OPTIMIZERS
 from tp_query.schema.model_config import ModelSpec
 from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
@@ -45,7 +46,6 @@ from .torchargs import dtype_of, encode_call, torch_dtype
 
 _ACC_GRAD_SEQ = 2**64 - 1
 BLOCK = 512  # the caching allocator rounds every block to 512 bytes
-OPTIMIZERS = ("adamw", "adamw_fused", "sgd")
 
 
 def rounded(nbytes: int) -> int:

@@ -1,0 +1,111 @@
+"""The graph of a request: a graph file as given (checked against the request), or the traced graph of a
+config, cached on disk by everything the trace depends on (the trace itself imports torch only here)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
+
+from .graph import Graph, is_graph_json
+from .request import PredictError, PredictRequest
+
+TRACE_VERSION = 12
+
+
+def cache_dir() -> Path:
+    p = Path(os.environ.get("TP_QUERY_CACHE", Path.home() / ".cache" / "tp-query")) / "graphs"
+    return p
+
+
+def trace_fields(req: PredictRequest) -> dict[str, Any]:
+    """What a request's traced graph depends on besides the model (DP, PP and ZeRO do not change it)."""
+    par = req.parallel
+    return {"setting": req.setting.value, "mb": par.micro_batch, "seq": req.seq_len, "tp": par.tp,
+            "sp": par.sequence_parallel and par.tp > 1, "rc": par.recompute, "opt": req.optimizer,
+            "fw": par.framework, **({"ep": par.ep} if par.ep > 1 else {}),
+            **({"imb": req.moe_imbalance} if req.moe_imbalance != 1.0 else {})}
+
+
+def _installed_version(package: str, missing: str) -> str:
+    """A package's version without importing it (a cached graph must not outlive the torch or the tp-query
+    that traced it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return missing
+
+
+def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
+    body = json.dumps({"spec": spec.to_dict(), **trace_fields(req), "v": TRACE_VERSION, "torch": _installed_version("torch", "none"),
+                       "project": _installed_version("tp-query", "source"),
+                       # transformers-built families and torchao's fp8 are whatever version is installed
+                       "transformers": _installed_version("transformers", "none") if spec.builder.value == "hf" else "",
+                       "torchao": _installed_version("torchao", "none") if "fp8" in req.setting.value else ""},
+                      sort_keys=True)
+    return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
+
+
+def graph_for(req: PredictRequest) -> Graph:
+    if is_graph_json(req.model):
+        try:
+            g = Graph.from_json(req.model)
+        except (TypeError, ValueError, KeyError) as e:
+            raise PredictError(f"not a valid graph file: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                               ) from None
+        par = req.parallel
+        if (par.tp > 1 or par.pp > 1) and g.meta.source == "module":
+            raise PredictError("a traced module runs as traced: use --tp 1 --pp 1 (DP and ZeRO are fine)")
+        traced = {"precision": g.meta.setting, "seq-len": g.meta.seq_len, "micro-batch": g.meta.micro_batch,
+                  "tp": g.meta.tp, "sequence-parallel": g.meta.sequence_parallel, "recompute": g.meta.recompute,
+                  "optimizer": g.meta.optimizer, "framework": g.meta.extra.get("framework", "torch"),
+                  "ep": int(g.meta.extra.get("ep", 1)),
+                  "moe-imbalance": float(g.meta.extra.get("moe_imbalance", 1.0))}
+        asked = {"precision": req.setting.value, "seq-len": req.seq_len, "micro-batch": par.micro_batch,
+                 "tp": par.tp, "sequence-parallel": par.sequence_parallel and par.tp > 1,
+                 "recompute": par.recompute, "optimizer": req.optimizer, "framework": par.framework, "ep": par.ep,
+                 "moe-imbalance": req.moe_imbalance}
+        if g.meta.source == "module":  # a user's module: its own shapes; tp is 1 by construction
+            for k in ("seq-len", "micro-batch"):
+                traced.pop(k)
+                asked.pop(k)
+        diff = [f"--{k} {asked[k]} (graph: {traced[k]})" for k in traced if asked[k] != traced[k]]
+        if diff:
+            raise PredictError("a graph file answers only for what it was traced with: " + ", ".join(diff) +
+                               "; pass the graph's values or trace again")
+        return g
+    try:
+        spec = parse_config(req.model, req.model_name)
+    except ConfigError as e:
+        raise PredictError(str(e)) from None
+    key = _graph_cache_key(spec, req)
+    path = cache_dir() / f"{key}.json.gz"
+    if path.exists():
+        try:
+            return Graph.load(path)
+        except Exception:
+            path.unlink(missing_ok=True)
+    try:
+        from .trace.capture import TraceError, TraceRequest, trace_config
+    except ImportError:
+        raise PredictError("tracing a config needs torch (pip install 'tp-query[trace]'), or pass a graph "
+                           "file from `tp-query trace`") from None
+    try:
+        par = req.parallel
+        g = trace_config(TraceRequest(spec, req.setting, par.micro_batch, req.seq_len, par.tp,
+                                      par.sequence_parallel, par.recompute, req.optimizer, framework=par.framework,
+                                      ep=par.ep, moe_imbalance=req.moe_imbalance))
+    except TraceError as e:
+        raise PredictError(str(e)) from None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        g.save(path)
+    except OSError:
+        pass
+    return g

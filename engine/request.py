@@ -1,0 +1,78 @@
+"""The records a prediction passes along: the question (PredictRequest), its answer (Prediction, OpRow),
+the one-line refusal (PredictError), and the bounds a request is checked against."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tp_query.schema.precision import Setting
+
+from .parallel import ParallelConfig
+
+OPTIMIZERS = ("adamw", "adamw_fused", "sgd")
+MAX_SEQ = 1 << 22  # 4M tokens of context
+MAX_TOKENS = 1 << 24  # tokens in one micro-batch
+
+
+class PredictError(ValueError):
+    """Bad input for a prediction (one line for the user)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictRequest:
+    """One question: this model, on this GPU, at this precision, sequence and optimizer, split as `parallel`."""
+
+    model: dict[str, Any]  # a HF config.json object or a tp-query graph object
+    model_name: str = "model"
+    gpu: str = "h200"
+    setting: Setting = Setting.AMP_BF16
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    seq_len: int = 4096
+    optimizer: str = "adamw"
+    strict: bool = False
+    db_root: str | None = None
+    moe_imbalance: float = 1.0  # MoE routing: the busiest expert's rows over the mean (1: balanced)
+    torch_version: str | None = None  # whose operator rows answer (default: the database's primary stack)
+
+
+@dataclass(frozen=True)
+class OpRow:
+    phase: str
+    op: str
+    kind: str
+    precision: str
+    shapes: str
+    count: float  # calls per iteration (a layer type's share of a stage's layers can be fractional)
+    latency_us: float
+    total_ms: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    iteration_ms: float
+    breakdown: dict[str, float]
+    peak_memory_gib: float
+    fits: bool
+    memory: dict[str, float]
+    sources: dict[str, float]
+    warnings: list[str]
+    config: dict[str, Any]
+    tokens_per_s: float
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    ops: list[OpRow] = field(default_factory=list)
+    parameters: int | None = None  # of the whole model, every rank together
+    model_flops: float | None = None  # Megatron-LM's count for one iteration
+    model_tflops_per_gpu: float | None = None
+    hardware_tflops_per_gpu: float | None = None  # every operator the GPUs run (recomputation, optimizer)
+    mfu: float | None = None  # model FLOPs / (time x GPUs x datasheet dense peak of the compute precision)
+    # GPU time of the slowest stage by section: the embedding, one decoder layer (and how many), the head,
+    # the optimizer step (per iteration; host idle, pipeline bubble and data-parallel traffic apart)
+    sections: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self, with_ops: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        if not with_ops:
+            d.pop("ops")
+        return d

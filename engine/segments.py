@@ -1,0 +1,174 @@
+"""Costed operators: a stage's operator calls as raw arrays (cold and warm latency, communication, phase,
+tensor counts, host syncs, where each number came from), built once per graph and TP/EP degree from the
+lookup and the communication model, and re-timed under any host model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tp_query.schema.ops import Family
+
+from .compose import Composer, Item
+from .graph import Phase, Section
+from .hostsim import HostModel
+from .lookup import Query, Source
+from .request import PredictError
+
+if TYPE_CHECKING:
+    from .predict import Engine
+
+SYNC_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default")
+
+SOURCES = list(Source)
+_SRC_CODE = {src: i for i, src in enumerate(SOURCES)}
+
+
+@dataclass
+class Segment:
+    """A stretch of operators as raw, host-model-free arrays (calibration and search re-time them
+    quickly). `parts` keeps how a stage's segment was assembled, so its items are expanded only when
+    per-operator rows are asked for."""
+
+    cold: np.ndarray
+    warm: np.ndarray
+    comm_us: np.ndarray
+    is_comm: np.ndarray
+    phase: np.ndarray  # 0 fwd, 1 bwd, 2 opt
+    tensors: np.ndarray  # tensors in a multi-tensor call (0 otherwise)
+    sync: np.ndarray
+    src: np.ndarray  # index into SOURCES
+    base_items: list[Item] | None = None
+    parts: list[tuple[Segment, int]] | None = None
+    # how many layers' worth each operator stands for: 1, or a layer type's share of the model's layers
+    # (a model whose layers differ, such as Gemma's sliding and global layers, has a mean layer)
+    weight: np.ndarray | None = None
+    ep_comm: np.ndarray | None = None  # collectives over the expert-parallel group (None: there are none)
+
+    def ep_mask(self) -> np.ndarray:
+        return self.ep_comm if self.ep_comm is not None else np.zeros(len(self.cold), dtype=bool)
+
+    def weights(self) -> np.ndarray:
+        return self.weight if self.weight is not None else np.ones(len(self.cold))
+
+    @property
+    def items(self) -> list[Item]:
+        if self.base_items is not None:
+            return self.base_items
+        out: list[Item] = []
+        for p, n in self.parts or []:
+            out += p.items * n
+        return out
+
+    @staticmethod
+    def empty() -> Segment:
+        z = np.zeros(0)
+        return Segment(z, z, z, np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64), z, np.zeros(0, dtype=bool),
+                       np.zeros(0, dtype=np.int64), [])
+
+    @staticmethod
+    def concat(parts: list[tuple[Segment, int]]) -> Segment:
+        parts = [(p, n) for p, n in parts if n > 0 and len(p.cold)]
+        if not parts:
+            return Segment.empty()
+        if len(parts) == 1 and parts[0][1] == 1:
+            return parts[0][0]
+
+        def cat(attr: str) -> np.ndarray:
+            return np.concatenate([np.tile(getattr(p, attr), n) for p, n in parts])
+
+        weighted = any(p.weight is not None for p, _ in parts)
+        with_ep = any(p.ep_comm is not None for p, _ in parts)
+        return Segment(cat("cold"), cat("warm"), cat("comm_us"), cat("is_comm"), cat("phase"), cat("tensors"),
+                       cat("sync"), cat("src"), None, parts,
+                       np.concatenate([np.tile(p.weights(), n) for p, n in parts]) if weighted else None,
+                       np.concatenate([np.tile(p.ep_mask(), n) for p, n in parts]) if with_ep else None)
+
+    def times(self, host: HostModel) -> tuple[np.ndarray, np.ndarray]:
+        g = np.where(self.is_comm, self.comm_us, self.warm + host.beta * (self.cold - self.warm))
+        h = np.choose(self.phase, [host.fwd_us, host.bwd_us, host.opt_us]) + host.per_tensor_us * self.tensors
+        if self.weight is not None:
+            return g * self.weight, h * self.weight
+        return g, h
+
+
+_PHASE_CODE = {Phase.FWD: 0, Phase.BWD: 1, Phase.OPT: 2}
+
+
+class SegmentCache:
+    """Per graph and TP (and EP) degree: raw operator arrays of every section, built once (search reuses them)."""
+
+    def __init__(self, eng: Engine, comp: Composer, tp: int, ep: int = 1) -> None:
+        self.eng, self.comp, self.tp, self.ep = eng, comp, tp, ep
+        self._sections: dict[tuple[Phase, Section], Segment] = {}
+        self._stages: dict[tuple[Phase, tuple[tuple[Section, int], ...]], Segment] = {}
+
+    def stage(self, phase: Phase, parts: list[tuple[Section, int]]) -> Segment:
+        k = (phase, tuple(parts))
+        if k not in self._stages:
+            self._stages[k] = Segment.concat([(self.section(phase, sec), n) for sec, n in parts])
+        return self._stages[k]
+
+    def section(self, phase: Phase, sec: Section) -> Segment:
+        k = (phase, sec)
+        if k not in self._sections:
+            self._sections[k] = self._segment(self.comp.part(phase, sec), self.comp.part_weights(phase, sec))
+        return self._sections[k]
+
+    def items_segment(self, a: list[Item], b: list[Item] | None, kind: str) -> Segment:
+        k = (id(a), id(b), kind, self.tp, self.ep)
+        shared = self.eng.item_segments  # across graphs: the optimizer lists themselves are shared
+        if k not in shared:
+            if kind == "opt":
+                items = [it for it in a if it.phase == Phase.OPT] + list(b or [])
+            elif kind == "ddp":
+                items = [it for it in a if it.phase == Phase.BWD]
+            else:
+                items = list(a)
+            shared[k] = self._segment(items)
+        return shared[k]
+
+    def _comm_us(self, it: Item) -> tuple[float, Source]:
+        """An in-graph collective, priced over its own group (each record names it: tp today; the data,
+        pipeline and expert groups' traffic is the framework model's, outside the graph)."""
+        t = next(iter(it.call.tensors()))
+        kind = it.call.op.split(".", 1)[1]
+        group = str(dict(it.call.kwargs).get("group", "tp"))
+        ranks = {"tp": self.tp, "ep": self.ep}.get(group)
+        if ranks is None:
+            raise PredictError(f"the graph has a {kind} over group {group!r}, which this split does not size")
+        e = self.eng.comm.estimate(kind, float(t.nbytes), ranks)
+        return e.us, e.source
+
+    def _segment(self, items: list[Item], weight: np.ndarray | None = None) -> Segment:
+        # one row per distinct (call, phase) for the engine's life: search and new DP sizes re-use them
+        cache = self.eng.item_rows.setdefault((self.tp, self.ep), {})
+        qs = {it.key: Query(it.key, it.call.op, it.info) for it in items
+              if not it.call.op.startswith("comm.") and (it.key, it.phase) not in cache}
+        est = self.eng.latency.estimate(list(qs.values())) if qs else {}
+        n = len(items)
+        cold, warm, comm_us = np.zeros(n), np.zeros(n), np.zeros(n)
+        is_comm, sync = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        phase, tensors = np.zeros(n, dtype=np.int64), np.zeros(n)
+        src_codes = np.zeros(n, dtype=np.int64)
+        for i, it in enumerate(items):
+            c = cache.get((it.key, it.phase))
+            if c is None:
+                if it.call.op.startswith("comm."):
+                    us, src = self._comm_us(it)
+                    row = (0.0, 0.0, us, True, src)
+                else:
+                    e = est[it.key]
+                    row = (e.cold_us, e.warm_us, 0.0, False, e.source)
+                multi = it.info.family == Family.FOREACH or it.call.op.startswith("aten._foreach")
+                nt = float(sum(1 for _ in it.call.tensors())) if multi else 0.0
+                syncs = it.call.op in SYNC_OPS and not it.call.on_host_only()
+                c = (row[0], row[1], row[2], row[3], _PHASE_CODE[it.phase], nt, syncs, row[4])
+                cache[(it.key, it.phase)] = c
+            cold[i], warm[i], comm_us[i], is_comm[i], phase[i], tensors[i], sync[i], src = c
+            src_codes[i] = _SRC_CODE[src]
+        ep = np.array([it.call.op.startswith("comm.") and dict(it.call.kwargs).get("group") == "ep" for it in items],
+                      dtype=bool)
+        return Segment(cold, warm, comm_us, is_comm, phase, tensors, sync, src_codes, items, None, weight,
+                       ep if ep.any() else None)
