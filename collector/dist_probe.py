@@ -298,14 +298,22 @@ def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int 
 LAYER_COUNTS = (1, 2, 4, 6, 8)
 
 
+def _base_kind(kind: str) -> str:
+    """What a framework kind's extra host cost is measured against: the plain model of the same shapes."""
+    return "plain_tp_shard" if kind.startswith("tp") else "plain"
+
+
+def _with_bases(kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """The kinds asked for and the plain kinds they are measured against, in HOST_KINDS order."""
+    want = set(kinds) | {_base_kind(k) for k in kinds if not k.startswith("plain")}
+    return tuple(k for k in HOST_KINDS if k in want)
+
+
 def _host_rows(device: torch.device, prov: Any, setting: str, iters: int,
                kinds: tuple[str, ...] = HOST_KINDS) -> list[dict[str, Any]]:
     world = dist.get_world_size()
     machine = machine_id()
-    # an extra is measured against its base, so the base runs too
-    kinds = tuple(k for k in HOST_KINDS if k in kinds or (k == "plain_tp_shard" and any(
-        x.startswith("tp") for x in kinds)) or (k == "plain" and any(x in ("ddp", "fsdp_z3", "fsdp_z2")
-                                                                   for x in kinds)))
+    kinds = _with_bases(kinds)
     times: dict[tuple[str, int], dict[str, float]] = {}
     for kind in kinds:
         for layers in LAYER_COUNTS:
@@ -317,7 +325,7 @@ def _host_rows(device: torch.device, prov: Any, setting: str, iters: int,
     rows = []
     xs = [float(n) for n in LAYER_COUNTS]
     for kind in kinds:
-        base = "plain_tp_shard" if kind.startswith("tp") else "plain"
+        base = _base_kind(kind)
         for phase in ("fwd", "bwd", "opt"):
             slope, fixed = _fit_line(xs, [times[(kind, n)][phase] for n in LAYER_COUNTS])
             ops, _ = _fit_line(xs, [times[(kind, n)][phase + "_ops"] for n in LAYER_COUNTS])

@@ -11,6 +11,7 @@ framework (data/<gpu>/framework/).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -132,12 +133,10 @@ class FrameworkData:
         order = self._speed_order()
         return order[-1] if order else None
 
-    @property
+    @functools.cached_property
     def chosen(self) -> str | None:
         """The instance whose host costs this view uses."""
-        if self.machine is None and "_default" not in self.__dict__:
-            self.__dict__["_default"] = self.default_machine()
-        return self.machine if self.machine is not None else self.__dict__["_default"]
+        return self.machine if self.machine is not None else self.default_machine()
 
     def _host_rows(self, kind_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The chosen instance's rows (of `kind_rows` when given); where it has none of them, every

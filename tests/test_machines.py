@@ -72,3 +72,13 @@ def test_host_rows_of_a_new_instance_sit_beside_older_ones(tmp_path: Path) -> No
     got = sorted((r["value_us"], r.get("machine")) for p in sorted(tmp_path.glob("*.parquet"))
                  for r in pq.read_table(p).to_pylist())
     assert got == [(8.0, "mA"), (20.0, None)]
+
+
+def test_host_probe_runs_the_base_of_every_extra() -> None:
+    """An extra host cost is a difference against the plain model of the same shapes: asking for DTensor TP
+    runs the TP-shard-shaped plain model too, asking for FSDP the plain one, in the probe's own order."""
+    from tp_query.collector.dist_probe import _with_bases
+
+    assert _with_bases(("tp_sp", "tp")) == ("plain_tp_shard", "tp", "tp_sp")
+    assert _with_bases(("fsdp_z3",)) == ("plain", "fsdp_z3")
+    assert _with_bases(("plain",)) == ("plain",)
