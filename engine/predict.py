@@ -190,14 +190,10 @@ class _Assemble:
                  par: ParallelConfig, with_ops: bool, host_machine: str | None = None) -> None:
         self.eng, self.req, self.g, self.comp, self.stages, self.par = eng, req, g, comp, stages, par
         self.with_ops = with_ops
-        self.fw = eng.framework_on(host_machine)  # host costs: one measured instance's, or the slowest measured
         self.warnings: list[str] = []
         cache = eng.segments_for(comp, par.tp, par.ep)
         self.raw = []
-        self.host_extras = self._host_extras()  # measured framework host costs that apply to this split
-        self.extras = [self._host_extra_us(st) for st in stages]
-        # the per-operator host costs of plain eager PyTorch, measured (data/<gpu>/framework/), where present
-        self.host_measured = self.fw.per_op_host_us(self._host_setting())
+        self._use_host_instance(eng.framework_on(host_machine))
         for st in stages:
             self.raw.append({
                 "sections": {(ph, sec): cache.section(ph, sec) for ph, parts in
@@ -212,6 +208,14 @@ class _Assemble:
     def _host_setting(self) -> str:
         """Host costs were measured under autocast (extra casts) and without it."""
         return "amp_bf16" if self.req.setting.value.startswith("amp") else "bf16"
+
+    def _use_host_instance(self, fw: FrameworkData) -> None:
+        """Take one measured instance's host costs (or the slowest measured): the framework extras that apply
+        to this split, per stage, and plain eager PyTorch's per-operator costs where measured."""
+        self.fw = fw
+        self.host_extras = self._host_extras()
+        self.extras = [self._host_extra_us(st) for st in self.stages]
+        self.host_measured = fw.per_op_host_us(self._host_setting())
 
     def host_model(self, host: HostModel) -> HostModel:
         return replace(host, **self.host_measured) if self.host_measured else host
@@ -411,18 +415,13 @@ class _Assemble:
         machines = fw.machines()
         if len(machines) < 2:
             return None
-        saved = (self.fw, self.host_extras, self.extras, self.host_measured)
-        totals = [default_ms]
+        current = self.fw
         try:
-            for m in (fw.fastest_machine(),):
-                self.fw = self.eng.framework_on(m)
-                self.host_extras = self._host_extras()
-                self.extras = [self._host_extra_us(st) for st in self.stages]
-                self.host_measured = self.fw.per_op_host_us(self._host_setting())
-                totals.append(self.evaluate(host)[0] / 1e3)
+            self._use_host_instance(self.eng.framework_on(fw.fastest_machine()))
+            fastest_ms = self.evaluate(host)[0] / 1e3
         finally:
-            self.fw, self.host_extras, self.extras, self.host_measured = saved
-        return min(totals), max(totals), len(machines)
+            self._use_host_instance(current)
+        return min(fastest_ms, default_ms), max(fastest_ms, default_ms), len(machines)
 
     def _section_rows(self, crit: int, times: dict[str, Any]) -> list[dict[str, Any]]:
         """The slowest stage's GPU time by section: one copy's forward and backward, the copies per
