@@ -56,6 +56,26 @@ def _project_version() -> str:
         return "source"
 
 
+def _read_json(path: Path) -> Any:
+    """A cache file's JSON, or None when it is missing or unreadable (then it is derived again)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Write a cache file atomically (a temporary of this process, then a rename); a read-only cache only
+    costs the next process the work again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(value, separators=(",", ":"), default=str))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
 class DbSnapshot:
     """The engine's reads of one GPU's database: from the snapshot when its fingerprint matches, else from
     a fully validated `Database` (created on first need), saved for the next process."""
@@ -71,12 +91,18 @@ class DbSnapshot:
         if remote or not (base / manifest.MANIFEST_NAME).is_file():
             self.database  # noqa: B018 - validates now and says why it cannot open, as before
             return
+        # every process: the files are the bytes the manifest records (those unchanged since the last passed
+        # check by their stamps, the rest by their hashes); only a passed check rewrites the stamps
         seen = _cache_root() / "verified" / (hashlib.blake2b(str(base.resolve()).encode(), digest_size=10
                                                             ).hexdigest() + ".json")
+        before = _read_json(seen)
+        before = before if isinstance(before, dict) else {}
         try:
-            manifest.verify(base, gpu, seen)  # every process: the files are the bytes the manifest records
+            _, after = manifest.verify_stamped(base, gpu, before)
         except manifest.ManifestError as e:
             raise DatabaseError(str(e)) from None
+        if after != before:
+            _write_json(seen, after)
         body = (base / manifest.MANIFEST_NAME).read_bytes()
         h = hashlib.blake2b(digest_size=12)
         reader = _READER.stat()
@@ -99,18 +125,11 @@ class DbSnapshot:
         if self._dir is None:
             return read(self.database)
         path = self._dir / f"{name}.json"
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass
+        hit = _read_json(path)
+        if hit is not None:
+            return hit
         value = read(self.database)
-        try:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(value, separators=(",", ":"), default=str))
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only cache only costs the next process the DuckDB reads
+        _write_json(path, value)  # a read-only cache only costs the next process the DuckDB reads
         return value
 
     # -- memos of what was derived from this database (same fingerprint, same answers) --------------
@@ -118,23 +137,12 @@ class DbSnapshot:
         """A memo written by an earlier process for this very database (empty without one)."""
         if self._dir is None:
             return {}
-        try:
-            value = json.loads((self._dir / f"memo-{name}.json").read_text())
-        except (OSError, ValueError):
-            return {}
+        value = _read_json(self._dir / f"memo-{name}.json")
         return value if isinstance(value, dict) else {}
 
     def memo_store(self, name: str, value: dict[str, Any]) -> None:
-        if self._dir is None:
-            return
-        path = self._dir / f"memo-{name}.json"
-        try:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(value, separators=(",", ":")))
-            tmp.replace(path)
-        except OSError:
-            pass
+        if self._dir is not None:
+            _write_json(self._dir / f"memo-{name}.json", value)
 
     # -- what the engine reads ----------------------------------------------------------------
     def exact_all(self) -> dict[str, tuple[float, float | None]]:

@@ -97,24 +97,20 @@ def adopt(root: Path, gpu: str) -> int:
     return len(m["files"])
 
 
-def verify(root: Path, gpu: str, seen: Path | None = None) -> int:
-    """Every tracked file is in the manifest with its size and checksum, and nothing listed is missing.
-    seen: a record of the files this check hashed before, by (size, mtime, ctime, inode) - the test git and
-    make use for "unchanged"; a file whose stat differs is hashed again, and only a fully passed check
-    rewrites the record (a database of thousands of files is verified in milliseconds, not a second)."""
+def verify(root: Path, gpu: str) -> int:
+    """Every tracked file is in the manifest with its size and checksum, and nothing listed is missing."""
+    return verify_stamped(root, gpu, {})[0]
+
+
+def verify_stamped(root: Path, gpu: str, before: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """verify, skipping the hash of a file whose (size, mtime, ctime, inode) equal its stamp in `before`
+    (what an earlier passed check returned) - the test git and make use for "unchanged"; returns the file
+    count and the stamps of this check (a database of thousands of files verifies in milliseconds)."""
     m = load(root)
     if m.get("gpu") != gpu:
         raise ManifestError(f"{root / MANIFEST_NAME} describes GPU {m.get('gpu')!r}, not {gpu!r}")
     files: dict[str, Any] = m["files"]
     present = tracked_files(root)
-    before: dict[str, Any] = {}
-    if seen is not None:
-        try:
-            before = json.loads(seen.read_text())
-        except (OSError, ValueError):
-            before = {}
-        if not isinstance(before, dict):
-            before = {}
     after: dict[str, Any] = {}
     for rel in present:
         e = files.get(rel)
@@ -123,24 +119,14 @@ def verify(root: Path, gpu: str, seen: Path | None = None) -> int:
         f = root / rel
         st = f.stat()
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, e.get("sha256")]
-        if before.get(rel) == stamp and st.st_size == e.get("bytes"):
-            after[rel] = stamp
-            continue
-        if st.st_size != e.get("bytes") or sha256_file(f) != e.get("sha256"):
-            raise ManifestError(f"{root / rel}: checksum mismatch (the file changed since it was recorded)")
+        if before.get(rel) != stamp or st.st_size != e.get("bytes"):
+            if st.st_size != e.get("bytes") or sha256_file(f) != e.get("sha256"):
+                raise ManifestError(f"{root / rel}: checksum mismatch (the file changed since it was recorded)")
         after[rel] = stamp
     missing = sorted(set(files) - set(present))
     if missing:
         raise ManifestError(f"{root / missing[0]}: listed in the manifest but missing")
-    if seen is not None and after != before:
-        try:
-            seen.parent.mkdir(parents=True, exist_ok=True)
-            tmp = seen.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(after, separators=(",", ":")))
-            tmp.replace(seen)
-        except OSError:
-            pass  # a read-only cache: the next process hashes again
-    return len(present)
+    return len(present), after
 
 
 def verify_remote(files: dict[str, bytes], manifest: dict[str, Any], where: str) -> None:

@@ -257,20 +257,25 @@ def test_software_stacks_are_never_blended(cpu_db: Path, tmp_path: Path) -> None
         Database("cpu", str(root))
 
 
-def test_verification_record_skips_only_unchanged_files(cpu_db: Path, tmp_path: Path) -> None:
+def test_verification_record_skips_only_unchanged_files(cpu_db: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A file hashed before is not hashed again while its size, mtime, ctime and inode stand; one rewritten
-    in place (even with its mtime restored) is hashed and refused."""
+    in place (even with its mtime restored) is hashed and refused; the snapshot keeps the stamps of the last
+    passed check only."""
     import os
 
+    from tp_query.engine.dbcache import DbSnapshot
     from tp_query.schema import manifest
 
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "db" / "cpu"
     shutil.copytree(cpu_db / "cpu", root)
-    seen = tmp_path / "seen.json"
-    n = manifest.verify(root, "cpu", seen)
-    record = json.loads(seen.read_text())
+    n, record = manifest.verify_stamped(root, "cpu", {})
     assert len(record) == n
-    assert manifest.verify(root, "cpu", seen) == n  # from the record
+    assert manifest.verify_stamped(root, "cpu", record) == (n, record)  # from the record
+    DbSnapshot("cpu", tmp_path / "db")
+    (seen,) = (tmp_path / "cache" / "db" / "verified").glob("*.json")
+    assert json.loads(seen.read_text()) == record
     f = sorted((root / "ops").glob("*.parquet"))[0]
     st = f.stat()
     data = bytearray(f.read_bytes())
@@ -278,7 +283,9 @@ def test_verification_record_skips_only_unchanged_files(cpu_db: Path, tmp_path: 
     f.write_bytes(bytes(data))
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: the ctime still moves
     with pytest.raises(manifest.ManifestError, match="checksum mismatch"):
-        manifest.verify(root, "cpu", seen)
+        manifest.verify_stamped(root, "cpu", record)
+    with pytest.raises(DatabaseError, match="checksum mismatch"):
+        DbSnapshot("cpu", tmp_path / "db")
     assert json.loads(seen.read_text()) == record  # a failed check leaves the record as it was
 
 
