@@ -9,8 +9,9 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from gpu_profiles import aten_ops, print_comparison, shaped_ops
+from gpu_profiles import aten_ops, kernel_timeline, print_comparison, shaped_ops
 
 
 def record(out: Path, case_ids: list[str]) -> None:
@@ -36,9 +37,16 @@ def record(out: Path, case_ids: list[str]) -> None:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             step()
             torch.cuda.synchronize()
+        timeline: list[Any] = [None] * dist.get_world_size()  # every rank's kernel timeline
+        dist.all_gather_object(timeline, kernel_timeline(prof))
         if dist.get_rank() == (dist.get_world_size() - 1 if pp else 0):
             ops, shaped = aten_ops(prof), shaped_ops(prof, 300)
-            (out / f"{'pp' if pp else 'dist'}-ops-{cid}.json").write_text(json.dumps({"ops": ops, "shaped": shaped}))
+            (out / f"{'pp' if pp else 'dist'}-ops-{cid}.json").write_text(
+                json.dumps({"ops": ops, "shaped": shaped, "timeline": timeline}))
+            for r, t in enumerate(timeline):
+                print(f"  rank{r}: span {t['span_us'] / 1e3:.1f} busy {t['busy_us'] / 1e3:.1f} compute "
+                      f"{t['compute_busy_us'] / 1e3:.1f} nccl {t['nccl_us'] / 1e3:.2f} ms ({len(t['nccl_kernels_us'])}"
+                      f" kernels), exposed {t['nccl_exposed_us'] / 1e3:.2f} ms", flush=True)
             print(f"{cid}: {sum(v[0] for v in ops.values()) / 1e3:.1f} ms of aten kernels", flush=True)
         del step
         dv.gc_cuda(dev)

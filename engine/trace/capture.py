@@ -493,8 +493,28 @@ def _train_step(forward: Callable[[], Any], opt: torch.optim.Optimizer, scaler: 
         cap.close_window("opt")
 
 
-def trace_config(req: TraceRequest) -> Graph:
-    """Trace one micro-batch's forward+backward and one optimizer step of `req.traced_layers` layers."""
+def _warm_state(params: list[torch.nn.Parameter], opt: Any, scaler: Any) -> None:
+    """The state one training step leaves (optimizer moments and step counts, the grad scaler's scale and
+    growth tracker), made by an optimizer step over zero gradients instead of a whole unrecorded step: the
+    model's forward and backward were half of every trace."""
+    for p in params:
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    if scaler is not None:
+        scaler.scale(torch.zeros((), device=params[0].device))
+        scaler.unscale_(opt)
+        opt.step()
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    for p in params:
+        p.grad = None
+
+
+def trace_config(req: TraceRequest, *, full_warmup_step: bool = False) -> Graph:
+    """Trace one micro-batch's forward+backward and one optimizer step of `req.traced_layers` layers.
+    `full_warmup_step`: reach the steady state by a whole unrecorded step (the tests check both agree)."""
     _validate(req)
     autocast_cuda.install()
     sdpa.install()
@@ -507,7 +527,8 @@ def trace_config(req: TraceRequest) -> Graph:
     else:
         spec_t = req.spec.with_layers(req.traced_layers)
     n_traced = spec_t.num_layers
-    shard = Shard(req.tp, req.sequence_parallel and req.tp > 1, req.recompute, req.ep, req.moe_imbalance)
+    shard = Shard(req.tp, req.sequence_parallel and req.tp > 1, req.recompute, req.ep, req.moe_imbalance,
+                  dtensor=req.framework == "torch")
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     with FakeTensorMode(allow_non_fake_inputs=False):
         model = _construct(lambda: build_model(spec_t, shard, req.framework), torch_dtype(st.param_dtype))
@@ -545,9 +566,12 @@ def trace_config(req: TraceRequest) -> Graph:
         def step(cap: _Capture | None) -> None:
             _train_step(lambda: model(input_ids, labels), opt, scaler, ac_dtype, cap, Section.EMBED)
 
-        # One step unrecorded: optimizer state and the grad scaler exist in steady state.
+        # Steady state before the recorded step: optimizer state and the grad scaler exist.
         with _Recorder(None):
-            step(None)
+            if full_warmup_step:
+                step(None)
+            else:
+                _warm_state(params, opt, scaler)
         host_ids = _HostSet([s["step"] for s in opt.state.values()
                              if isinstance(s.get("step"), torch.Tensor) and req.optimizer != "adamw_fused"])
         cap = _Capture(host_ids, param_section)

@@ -174,20 +174,24 @@ class HFCausalLM(nn.Module):
         shard = self.shard
 
         def enter_pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            whole = mod in routed  # DTensor plans a routed-expert block as one unit
             if "hidden_states" in kwargs:
-                kwargs = {**kwargs, "hidden_states": region.enter(kwargs["hidden_states"])}
+                kwargs = {**kwargs, "hidden_states": region.enter(kwargs["hidden_states"], whole)}
                 return args, kwargs
-            return (region.enter(args[0]), *args[1:]), kwargs
+            return (region.enter(args[0], whole), *args[1:]), kwargs
 
         def leave_post(mod: nn.Module, args: Any, out: Any) -> Any:
             if isinstance(out, tuple):
                 return (region.leave(out[0]), *out[1:])
             return region.leave(out)
 
+        routed = {layer.mlp for layer in self.layers} if self.spec.is_moe else set()
         for layer in self.layers:
             for block in (_attn_attr(layer), layer.mlp):
                 self._hooks.append(block.register_forward_pre_hook(enter_pre, with_kwargs=True))
                 self._hooks.append(block.register_forward_hook(leave_post))
+                if block not in routed:
+                    region.enter_consumers(block)
 
         emb = cast(nn.Embedding, self.embed.embed_tokens)
         vocab = emb.num_embeddings
@@ -216,7 +220,7 @@ class HFCausalLM(nn.Module):
         if self.region.sp:  # the embedding's output holds seq/TP tokens: positions come from the full sequence
             kw["position_ids"] = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         hidden_states = self.base(input_ids=input_ids, use_cache=False, **kw).last_hidden_state
-        hidden_states = self.region.enter(hidden_states)
+        hidden_states = self.region.enter(hidden_states, whole=True)
         lm_head = cast(nn.Linear, self.head.lm_head)
         logits = lm_head(hidden_states[:, slice(0, None), :])
         if self.final_softcap is not None:

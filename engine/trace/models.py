@@ -64,6 +64,8 @@ class Shard:
     recompute: bool = False
     ep: int = 1  # expert parallelism: each rank holds num_experts / ep routed experts (Megatron-Core)
     moe_imbalance: float = 1.0  # the busiest expert's rows over the mean (1: balanced routing)
+    # PyTorch DTensor TP (ColwiseParallel per Linear) rather than Megatron's one region per block
+    dtensor: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,11 +136,46 @@ class TPRegion:
     def __init__(self, shard: Shard) -> None:
         self.tp = shard.tp
         self.sp = shard.sequence_parallel and shard.tp > 1
+        # DTensor without sequence parallelism: every ColwiseParallel Linear turns the replicated block input
+        # into a DTensor of its own, so each one all-reduces its input gradient in backward (5 per Llama
+        # layer: q, k, v, gate, up); Megatron's region all-reduces the summed gradient once per block
+        self.per_consumer = shard.dtensor and self.tp > 1 and not self.sp
 
-    def enter(self, x: torch.Tensor) -> torch.Tensor:
+    def enter(self, x: torch.Tensor, whole: bool = False) -> torch.Tensor:
+        """`whole`: one all-reduce for the block even under DTensor (a block with one consumer, an LM head,
+        or one DTensor plans as a unit)."""
         if self.tp == 1:
             return x
+        if self.per_consumer and not whole:
+            return x  # the block's consumers enter one by one (enter_consumers)
         return _GatherSP.apply(x, self.tp) if self.sp else _CopyToTP.apply(x)
+
+    def enter_consumers(self, block: nn.Module) -> None:
+        """Hooks for DTensor's per-Linear input: each parameterised leaf of `block` that reads the block's own
+        input gets its own backward all-reduce. A block whose input no such leaf reads is refused (its
+        all-reduce would vanish)."""
+        if not self.per_consumer:
+            return
+        state: dict[str, Any] = {}
+
+        def block_pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            state["x"], state["n"] = kwargs.get("hidden_states", args[0] if args else None), 0
+
+        def block_post(mod: nn.Module, args: Any, out: Any) -> None:
+            if not state.get("n"):
+                raise RuntimeError(f"DTensor TP: no Linear of {type(mod).__name__} reads its input")
+
+        def leaf_pre(mod: nn.Module, args: tuple[Any, ...]) -> Any:
+            if args and args[0] is state.get("x"):
+                state["n"] += 1
+                return (_CopyToTP.apply(args[0]), *args[1:])
+            return None
+
+        block.register_forward_pre_hook(block_pre, with_kwargs=True)
+        block.register_forward_hook(block_post)
+        for m in block.modules():
+            if m is not block and not any(True for _ in m.children()) and any(True for _ in m.parameters(False)):
+                m.register_forward_pre_hook(leaf_pre)
 
     def leave(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp == 1:
@@ -284,6 +321,8 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(spec.hidden_size, spec.norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(spec.hidden_size, spec.norm_eps)
         self.region = TPRegion(shard)
+        self.region.enter_consumers(self.self_attn)
+        self.region.enter_consumers(self.mlp)
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
                 ) -> torch.Tensor:
@@ -338,7 +377,7 @@ class GPT2Attention(nn.Module):
         self.region = TPRegion(shard)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        query_states, key_states, value_states = self.c_attn(self.region.enter(hidden_states)).split(
+        query_states, key_states, value_states = self.c_attn(self.region.enter(hidden_states, whole=True)).split(
             self.split_size, dim=2)
         shape_kv = (*key_states.shape[:-1], -1, self.head_dim)
         key_states = key_states.view(shape_kv).transpose(1, 2)
@@ -363,7 +402,7 @@ class GPT2MLP(nn.Module):
         self.region = TPRegion(shard)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.c_fc(self.region.enter(hidden_states))
+        hidden_states = self.c_fc(self.region.enter(hidden_states, whole=True))
         hidden_states = self.act(hidden_states)
         hidden_states = self.region.leave(self.c_proj(hidden_states))
         return self.dropout(hidden_states)
@@ -520,7 +559,7 @@ class Head(nn.Module):
         hidden_states = self.norm(hidden_states)
         if self.spec.family == ArchFamily.GPT2:
             hidden_states = hidden_states.view((-1, *hidden_states.shape[1:]))
-        hidden_states = self.region.enter(hidden_states)
+        hidden_states = self.region.enter(hidden_states, whole=True)
         slice_indices = slice(0, None)
         logits = self.lm_head(hidden_states[:, slice_indices, :])
         return causal_lm_loss(logits, labels, self.spec.vocab_size // self.shard.tp, self.shard)
