@@ -80,12 +80,15 @@ class MegatronOptimizer:
     """Megatron-Core's DDP gradient buffer and optimizer as a build without TE or apex runs them: every
     gradient is added into an fp32 main_grad buffer as backward produces it (DDP's post-hook), the step
     computes the global gradient norm for clipping (a norm per tensor, each read on the host), steps AdamW
-    on fp32 main parameters (the half parameters' fp32 copies under --bf16/--fp16) and copies them back
-    (`dst.copy_(src * 1.0)`); zero_grad clears the buffer. Clipping itself (a scale of every gradient) runs
+    on fp32 main parameters (the half parameters' fp32 copies under --bf16/--fp16) and copies them back:
+    `dst.copy_(src)` under --bf16, `dst.copy_(src * 1.0)` under --fp16 (Float16OptimizerWithFloat16Params
+    passes its overflow buffer to the multi-tensor scale only for fp16; without apex or TE that is
+    megatron.core.utils.local_multi_tensor_scale); zero_grad clears the buffer. Clipping itself (a scale of every gradient) runs
     only when the norm exceeds the threshold: modelled as not taken, the steady state of training."""
 
-    def __init__(self, kind: str, params: list[torch.nn.Parameter], master: bool) -> None:
+    def __init__(self, kind: str, params: list[torch.nn.Parameter], master: bool, scaled_copy: bool = False) -> None:
         self.params = params
+        self.scaled_copy = scaled_copy
         self.main_grads = [torch.zeros(p.shape, dtype=torch.float32) for p in params]
         for p, g in zip(params, self.main_grads, strict=True):
             p.register_post_accumulate_grad_hook(functools.partial(self._accumulate, g))
@@ -117,7 +120,7 @@ class MegatronOptimizer:
         if self.half:
             with torch.no_grad():
                 for p, m in zip(self.params, self.master, strict=True):
-                    p.copy_(m * 1.0)
+                    p.copy_(m * 1.0 if self.scaled_copy else m)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for g in self.main_grads:
@@ -541,7 +544,7 @@ def trace_config(req: TraceRequest, *, full_warmup_step: bool = False) -> Graph:
         params = [p for p in model.parameters()]
         opt: Any
         if req.framework == "megatron":
-            opt = MegatronOptimizer(req.optimizer, params, st.master_weights)
+            opt = MegatronOptimizer(req.optimizer, params, st.master_weights, scaled_copy=req.setting.value == "mp_fp16")
         elif st.master_weights:
             opt = MasterWeightsOptimizer(req.optimizer, params)
         else:
