@@ -87,7 +87,7 @@ def tiny_cases(world: int, cfg: dict[str, Any]) -> list[DistCase]:
 def dist_cases(world: int) -> list[DistCase]:
     """The campaign for `world` GPUs. Calibration: the LLaMA-3-8B shape (host/dispatch constants are fitted
     there); holdout: the Qwen2-7B shape (other widths, biases, vocabulary) and every 8-micro-batch pipeline."""
-    from .validate import LLAMA3_8B, MIXTRAL_8X7B, QWEN2_7B, layers_of
+    from .validate import LLAMA3_8B, MIXTRAL_8X7B, QWEN2_7B, QWEN3_8B, layers_of
 
     shapes = [("llama3-8b-L4", layers_of(LLAMA3_8B, 4), "calibration"),
               ("qwen2-7b-L4", layers_of(QWEN2_7B, 4), "holdout")]
@@ -130,6 +130,12 @@ def dist_cases(world: int) -> list[DistCase]:
             add("megatron", "mcore_dp_distopt", model, cfg, s, split, dp=world, distributed_optimizer=True)
             add("megatron", "mcore_tp", model, cfg, s, split, tp=world)
             add("megatron", "mcore_pp", model, cfg, s, split, pp=world, m=4)
+    # A third shape, held out of everything: Qwen3-8B through transformers' own modules (q/k norms, other FFN
+    # width and vocabulary), for the PyTorch-native kinds
+    for s in settings:
+        for kind, par in (("ddp", {"dp": world}), ("fsdp_z3", {"dp": world}), ("tp", {"tp": world}),
+                          ("tp_sp", {"tp": world}), ("pp_1f1b", {"pp": world, "m": 4})):
+            add("torch", kind, "qwen3-8b-L4", layers_of(QWEN3_8B, 4), s, "holdout", **par)
     # Megatron-Core MoE (Mixtral-8x7B shape, 2 layers): experts replicated (ep 1) and split over the DP ranks
     for s in ("mp_bf16", "tf32"):
         for ep in (1, world):

@@ -8,8 +8,10 @@ set -u
 source tools/gpu_common.sh
 python3 -c 'from tp_query.collector.device import machine_id, cpu_model; print("machine", machine_id(), cpu_model())'
 
-timeout ${PROBE_S:-240} torchrun --nproc-per-node 2 -m tp_query.collector dist-probe --gpu h200 --what host \
-  --host-kinds "${KINDS:-plain,tp,tp_sp}" 2>&1 | grep "\[host\]" | grep -v " L[0-9]" | tail -60
+if [ "${PROBE_S:-240}" != "0" ]; then  # PROBE_S=0: this instance's host probe is already in (a second call)
+  timeout ${PROBE_S:-240} torchrun --nproc-per-node 2 -m tp_query.collector dist-probe --gpu h200 --what host \
+    --host-kinds "${KINDS:-plain,tp,tp_sp}" 2>&1 | grep "\[host\]" | grep -v " L[0-9]" | tail -60
+fi
 timeout ${CASES_S:-300} torchrun --nproc-per-node 2 -m tp_query.collector dist-validate --gpu h200 \
   --frameworks torch --only "${CASES:-torch-tp}" --machine-sample --max-iters ${MAX_ITERS:-60} \
   --budget-s $(( ${CASES_S:-300} - 40 )) 2>&1 | grep "dist-validate\]" | tail -20
