@@ -133,9 +133,12 @@ def dist_cases(world: int) -> list[DistCase]:
     # A third shape, held out of everything: Qwen3-8B through transformers' own modules (q/k norms, other FFN
     # width and vocabulary), for the PyTorch-native kinds
     for s in settings:
-        for kind, par in (("ddp", {"dp": world}), ("fsdp_z3", {"dp": world}), ("tp", {"tp": world}),
-                          ("tp_sp", {"tp": world}), ("pp_1f1b", {"pp": world, "m": 4})):
-            add("torch", kind, "qwen3-8b-L4", layers_of(QWEN3_8B, 4), s, "holdout", **par)
+        q3 = layers_of(QWEN3_8B, 4)
+        add("torch", "ddp", "qwen3-8b-L4", q3, s, "holdout", dp=world)
+        add("torch", "fsdp_z3", "qwen3-8b-L4", q3, s, "holdout", dp=world)
+        add("torch", "tp", "qwen3-8b-L4", q3, s, "holdout", tp=world)
+        add("torch", "tp_sp", "qwen3-8b-L4", q3, s, "holdout", tp=world)
+        add("torch", "pp_1f1b", "qwen3-8b-L4", q3, s, "holdout", pp=world, m=4)
     # Megatron-Core MoE (Mixtral-8x7B shape, 2 layers): experts replicated (ep 1) and split over the DP ranks
     for s in ("mp_bf16", "tf32"):
         for ep in (1, world):

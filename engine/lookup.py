@@ -273,6 +273,7 @@ class _FamilyPoints:
         self.strict: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
         self.loose: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
         self.by_op: dict[tuple[str, str], list[Point]] = defaultdict(list)
+        self.by_name: dict[str, list[Point]] = defaultdict(list)
         for r in rows:
             base = (r["op"], r["precision"], r["math_mode"], r["dtypes"])
             pt = Point(_axes(spec, r), float(r["latency_us"]), float(r["latency_warm_us"] or r["latency_us"]),
@@ -280,9 +281,11 @@ class _FamilyPoints:
             self.strict[base + _exact_features(spec, r)].append(pt)
             self.loose[base].append(pt)
             self.by_op[(r["op"], r["precision"])].append(pt)
+            self.by_name[r["op"]].append(pt)
         effs = [p.eff_cold for ps in self.loose.values() for p in ps]
         self.default_eff = statistics.median(effs) if effs else 0.5
         self._cats: dict[tuple[Any, ...], Category] = {}
+        self._slowdowns: dict[str, Category] = {}
 
     def _category(self, key: tuple[Any, ...], pts: list[Point]) -> Category:
         cat = self._cats.get(key)
@@ -306,6 +309,17 @@ class _FamilyPoints:
         if pk in self.by_op:  # same operator in other dtypes
             c, w, _, n = self._category(("o", *pk), self.by_op[pk]).estimate(ax, roof)
             return Estimate(c, w, Source.EXTRAPOLATED, n)
+        if q.op in self.by_name and roof > 0:
+            # the same operator in another precision: its efficiency against its own roofline, held at these
+            # axes (a memory-bound kernel moves bytes about as well in fp32 as in bf16)
+            slow = self._slowdowns.get(q.op)
+            if slow is None:
+                slow = self._slowdowns[q.op] = Category(
+                    [Point(p.axes, p.cold_us / p.roofline_us, p.warm_us / p.roofline_us, 1.0)
+                     for p in self.by_name[q.op] if p.roofline_us > 0], self.spec.log_space)
+            if slow.points:
+                c, w, _, n = slow.estimate(ax, 1.0)
+                return Estimate(roof * c, roof * w, Source.EXTRAPOLATED, n)
         return Estimate(roof / self.default_eff, roof / self.default_eff, Source.MISS, 0)
 
 

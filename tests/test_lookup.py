@@ -148,3 +148,28 @@ def test_one_dimensional_elementwise_blend() -> None:
     assert e.source == Source.INTERPOLATED
     assert e.cold_us == pytest.approx(exact, rel=1e-9)  # linear blend of an affine law: exact
     assert math.isfinite(e.warm_us)
+
+
+def test_same_operator_in_another_precision_before_a_miss() -> None:
+    """An fp32 call of an operator measured only in bf16 (the vocab-parallel loss's amax over fp32 logits):
+    the bf16 points' efficiency against their roofline, held at the same axes and said to be extrapolated,
+    not the family's median efficiency (which put it at 4x a real step's time). A kernel at a fixed fraction
+    of HBM bandwidth moves fp32 bytes as it moved bf16 ones: exact."""
+    rows = []
+    for e in range(16, 28, 2):
+        n = 2 ** e
+        call = OpCall("aten.mul.Tensor", (TensorSpec((n,), DType.BF16), TensorSpec((n,), DType.BF16)))
+        info = describe(call, False)
+        t = info.bytes / 3e12 * 1e6
+        rows.append({"key": f"k{e}", "op": call.op, "family": "elementwise", "precision": "bf16", "math_mode": "",
+                     "dtypes": info.dtypes, "flops": info.flops, "bytes": info.bytes, "latency_us": t,
+                     "latency_warm_us": t, **info.features})
+    lm = LatencyModel(FakeDb(rows), H200)
+    n = 3 * 2**22  # above the roofline's floor
+    call = OpCall("aten.mul.Tensor", (TensorSpec((n,), DType.FP32), TensorSpec((n,), DType.FP32)))
+    info = describe(call, False)
+    e = lm.estimate([Query("q", call.op, info)])["q"]
+    assert e.source == Source.EXTRAPOLATED
+    assert e.cold_us == pytest.approx(info.bytes / 3e12 * 1e6, rel=1e-9)
+    other = OpCall("aten.sigmoid.default", (TensorSpec((n,), DType.FP32),))
+    assert lm.estimate([Query("s", other.op, describe(other, False))])["s"].source == Source.MISS

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# One device call on 2 GPUs: kernel timelines of DTensor TP steps on every rank (NCCL kernel time, the part of
+# One device call on 2 GPUs: kernel timelines of distributed steps on every rank (NCCL kernel time, the part of
 # it no compute kernel hides, GPU idle) beside the per-aten-op profile (tools/torch_pp_op_profile.py).
+# $CASES: case ids (space-separated); the default is the DTensor TP set the per-Linear all-reduces came from.
 set -u
 source tools/gpu_common.sh
 mkdir -p "$OUT/prof"
 python3 -c "from tp_query.collector.device import machine_id, cpu_model; print('machine', machine_id(), cpu_model())"
-cd tools && timeout 400 torchrun --nproc-per-node 2 torch_pp_op_profile.py "$OUT/prof" \
-  torch-tp-llama3-8b-L4-dp1-tp2-pp1-m1-tf32 torch-tp_sp-llama3-8b-L4-dp1-tp2-pp1-m1-tf32 \
-  torch-tp-llama3-8b-L4-dp1-tp2-pp1-m1-bf16 torch-tp_sp-llama3-8b-L4-dp1-tp2-pp1-m1-bf16 \
-  torch-tp-qwen2-7b-L4-dp1-tp2-pp1-m1-amp_bf16 2>&1 | grep -v -i warn | tail -40
+CASES=${CASES:-"torch-tp-llama3-8b-L4-dp1-tp2-pp1-m1-tf32 torch-tp_sp-llama3-8b-L4-dp1-tp2-pp1-m1-tf32
+  torch-tp-llama3-8b-L4-dp1-tp2-pp1-m1-bf16 torch-tp_sp-llama3-8b-L4-dp1-tp2-pp1-m1-bf16
+  torch-tp-qwen2-7b-L4-dp1-tp2-pp1-m1-amp_bf16"}
+# shellcheck disable=SC2086
+cd tools && timeout 400 torchrun --nproc-per-node 2 torch_pp_op_profile.py "$OUT/prof" $CASES 2>&1 \
+  | grep -v -i warn | tail -40
 cd "$OUT/prof" && tar czf ../prof.tgz . && ls -la ..
