@@ -139,6 +139,11 @@ def dist_cases(world: int) -> list[DistCase]:
         add("torch", "tp", "qwen3-8b-L4", q3, s, "holdout", tp=world)
         add("torch", "tp_sp", "qwen3-8b-L4", q3, s, "holdout", tp=world)
         add("torch", "pp_1f1b", "qwen3-8b-L4", q3, s, "holdout", pp=world, m=4)
+    for s in ("mp_bf16", "tf32"):  # and under Megatron-Core (its local spec with qk_layernorm)
+        q3 = layers_of(QWEN3_8B, 4)
+        add("megatron", "mcore_dp", "qwen3-8b-L4", q3, s, "holdout", dp=world)
+        add("megatron", "mcore_tp", "qwen3-8b-L4", q3, s, "holdout", tp=world)
+        add("megatron", "mcore_pp", "qwen3-8b-L4", q3, s, "holdout", pp=world, m=4)
     # Megatron-Core MoE (Mixtral-8x7B shape, 2 layers): experts replicated (ep 1) and split over the DP ranks
     for s in ("mp_bf16", "tf32"):
         for ep in (1, world):

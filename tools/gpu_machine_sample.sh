@@ -5,6 +5,11 @@
 # rerun on the same instance replaces its own rows; the case loop stops at $CASES_S seconds. $ONE_GPU:
 # one-GPU validation cases (case-id substrings) measured on the same instance.
 set -u
+if [ "${FRAMEWORKS:-torch}" = megatron ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export EXTRA_PATH=/tmp/site
+fi
 source tools/gpu_common.sh
 python3 -c 'from tp_query.collector.device import machine_id, cpu_model; print("machine", machine_id(), cpu_model())'
 
@@ -12,8 +17,10 @@ if [ "${PROBE_S:-240}" != "0" ]; then  # PROBE_S=0: this instance's host probe i
   timeout ${PROBE_S:-240} torchrun --nproc-per-node 2 -m tp_query.collector dist-probe --gpu h200 --what host \
     --host-kinds "${KINDS:-plain,tp,tp_sp}" 2>&1 | grep "\[host\]" | grep -v " L[0-9]" | tail -60
 fi
+# FRAMEWORKS=megatron: Megatron-Core from the carried wheel (.whl), one device connection as it requires
+[ "${FRAMEWORKS:-torch}" = megatron ] && export CUDA_DEVICE_MAX_CONNECTIONS=1
 timeout ${CASES_S:-300} torchrun --nproc-per-node 2 -m tp_query.collector dist-validate --gpu h200 \
-  --frameworks torch --only "${CASES:-torch-tp}" --machine-sample --max-iters ${MAX_ITERS:-60} \
+  --frameworks "${FRAMEWORKS:-torch}" --only "${CASES:-torch-tp}" --machine-sample --max-iters ${MAX_ITERS:-60} \
   --budget-s $(( ${CASES_S:-300} - 40 )) 2>&1 | grep "dist-validate\]" | tail -20
 if [ -n "${ONE_GPU:-}" ]; then  # one-GPU cases (case-id substrings) on GPU 0
   CUDA_VISIBLE_DEVICES=0 timeout ${ONE_GPU_S:-150} python3 -m tp_query.collector validate --gpu h200 \
