@@ -53,8 +53,9 @@ def kernel_timeline(prof: Any) -> dict[str, Any]:
     (sum, and each kernel's duration in order) and the NCCL time with no compute kernel beside it, in us."""
     import torch
 
-    ks = sorted((ev.time_range.start, ev.time_range.end, "nccl" in ev.name.lower()) for ev in prof.events()
-                if ev.device_type == torch.autograd.DeviceType.CUDA)
+    # a set: the profiler lists each NCCL kernel twice (the kernel and its GPU-side annotation, same interval)
+    ks = sorted({(ev.time_range.start, ev.time_range.end, "nccl" in ev.name.lower()) for ev in prof.events()
+                 if ev.device_type == torch.autograd.DeviceType.CUDA})
 
     def union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
         out: list[tuple[float, float]] = []

@@ -83,8 +83,10 @@ class MegatronOptimizer:
     on fp32 main parameters (the half parameters' fp32 copies under --bf16/--fp16) and copies them back:
     `dst.copy_(src)` under --bf16, `dst.copy_(src * 1.0)` under --fp16 (Float16OptimizerWithFloat16Params
     passes its overflow buffer to the multi-tensor scale only for fp16; without apex or TE that is
-    megatron.core.utils.local_multi_tensor_scale); zero_grad clears the buffer. Clipping itself (a scale of every gradient) runs
-    only when the norm exceeds the threshold: modelled as not taken, the steady state of training."""
+    megatron.core.utils.local_multi_tensor_scale; the distributed optimizer copies its shards plainly in both,
+    which a traced mp_fp16 step over-counts by that multiply); zero_grad clears the buffer. Clipping itself (a
+    scale of every gradient) runs only when the norm exceeds the threshold: modelled as not taken, the steady
+    state of training."""
 
     def __init__(self, kind: str, params: list[torch.nn.Parameter], master: bool, scaled_copy: bool = False) -> None:
         self.params = params
@@ -544,7 +546,8 @@ def trace_config(req: TraceRequest, *, full_warmup_step: bool = False) -> Graph:
         params = [p for p in model.parameters()]
         opt: Any
         if req.framework == "megatron":
-            opt = MegatronOptimizer(req.optimizer, params, st.master_weights, scaled_copy=req.setting.value == "mp_fp16")
+            opt = MegatronOptimizer(req.optimizer, params, st.master_weights,
+                                    scaled_copy=req.setting.value == "mp_fp16")
         elif st.master_weights:
             opt = MasterWeightsOptimizer(req.optimizer, params)
         else:

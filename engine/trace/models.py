@@ -162,8 +162,10 @@ class TPRegion:
             state["x"], state["n"] = kwargs.get("hidden_states", args[0] if args else None), 0
 
         def block_post(mod: nn.Module, args: Any, out: Any) -> None:
-            if not state.get("n"):
-                raise RuntimeError(f"DTensor TP: no Linear of {type(mod).__name__} reads its input")
+            if not state.get("n"):  # a layout the DTensor model does not know: refused in one line, not guessed
+                raise ValueError(f"tensor parallelism under --framework torch: no layer of {type(mod).__name__} "
+                                 "reads the block's input, so DTensor's collectives are not modelled for it "
+                                 "(use --tp 1, or --framework megatron where the family has it)")
 
         def leaf_pre(mod: nn.Module, args: tuple[Any, ...]) -> Any:
             if args and args[0] is state.get("x"):
