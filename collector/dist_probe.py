@@ -344,6 +344,97 @@ def _host_rows(device: torch.device, prov: Any, setting: str, iters: int,
     return rows
 
 
+# ---------------------------------------------------------------------------------------------
+# FSDP2's copy kernels
+# ---------------------------------------------------------------------------------------------
+
+# decoder-layer parameter shapes (out, in) of a few widths: the copy kernels' time follows the unit's bytes
+# and its tensor count, and these span 0.2-1.6 GB units
+COPY_UNITS: dict[str, list[tuple[int, ...]]] = {
+    **{f"h{h}-f{f}-kv{kv}": [(h, h), (kv, h), (kv, h), (h, h), (f, h), (f, h), (h, f), (h,), (h,)]
+       for h, f, kv in ((2048, 8192, 512), (3584, 18944, 512), (4096, 14336, 1024), (4096, 12288, 1024),
+                        (5120, 13824, 5120), (8192, 28672, 1024))},
+    # root units (`fully_shard(model)`): embedding, final norm and LM head
+    **{f"root-v{v}-h{h}": [(v, h), (h,), (v, h)] for v, h in ((32000, 4096), (128256, 4096), (151936, 3584))}}
+COPY_WORLDS = (2, 4, 8)
+
+
+def _timed_us(fn: Any, n: int = 15) -> list[float]:
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e) * 1e3)
+    return out
+
+
+def _fsdp_copy_kernels(shapes: list[tuple[int, ...]], world: int, dtype: torch.dtype,
+                       device: torch.device) -> dict[str, float]:
+    """One FSDP2 unit's three copies as `fully_shard` runs them (torch.distributed.fsdp._fully_shard.
+    _fsdp_collectives), timed alone: copy_in (the rank's shards into the all-gather input, `_foreach_copy_`),
+    copy_out (the all-gather output into the unsharded parameters, `fsdp.split_with_sizes_copy`),
+    rs_copy_in (the unsharded gradients into the reduce-scatter input, `fsdp.chunk_cat`). Median us."""
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # registers torch.ops.fsdp
+
+    # FSDP2 shards each parameter on dim 0, padded to a multiple of the world size; shards are flat
+    padded = [(-(-s[0] // world) * world, *s[1:]) for s in shapes]
+    shard = [math.prod(s) // world for s in padded]
+    total = sum(shard)
+    srcs = [torch.randn(n, device=device, dtype=dtype) for n in shard]
+    ag_out = torch.empty(total * world, device=device, dtype=dtype)
+    dsts = torch.split(ag_out.narrow(0, 0, total), shard)
+    unsharded = [torch.empty(world, n, device=device, dtype=dtype) for n in shard]
+    grads = [torch.randn(s, device=device, dtype=dtype) for s in padded]  # unsharded gradients, their own shapes
+    rs_in = torch.empty(world, total, device=device, dtype=dtype)
+    times = {
+        "copy_in": _timed_us(lambda: torch._foreach_copy_(dsts, srcs)),
+        "copy_out": _timed_us(lambda: torch.ops.fsdp.split_with_sizes_copy(ag_out.view(world, -1), shard, dim=1,
+                                                                           out=unsharded)),
+        "rs_copy_in": _timed_us(lambda: torch.ops.fsdp.chunk_cat(grads, 0, world, out=rs_in)),
+    }
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def copies_campaign(device: torch.device, prov: Any, out: Path | None) -> int:
+    """FSDP2's copy kernels over unit sizes and world sizes, on this rank's GPU (no collective involved):
+    per (dtype, copy, world) a line latency = fixed_us + us_per_mib x the unit's full bytes, Theil-Sen over
+    the units; the FSDP model prices its copies with it instead of assuming peak HBM bandwidth."""
+    if dist.get_rank() != 0:
+        return 0
+    rows = []
+    for dtype, setting in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        for world in COPY_WORLDS:
+            pts: dict[str, list[tuple[float, float]]] = {}
+            for shapes in COPY_UNITS.values():
+                mib = sum(math.prod(s) for s in shapes) * torch.tensor([], dtype=dtype).element_size() / 2**20
+                for phase, us in _fsdp_copy_kernels(shapes, world, dtype, device).items():
+                    pts.setdefault(phase, []).append((mib, us))
+                torch.cuda.empty_cache()
+            for phase, xy in pts.items():
+                slope, fixed = _fit_line([x for x, _ in xy], [y for _, y in xy])
+                for q, v in (("us_per_mib", slope), ("fixed_us", fixed)):
+                    rows.append({"framework": "torch", "kind": "fsdp_copy", "setting": setting, "phase": phase,
+                                 "quantity": q, "value_us": v, "ranks": world,
+                                 "samples_json": json.dumps([[round(x, 3), round(y, 2)] for x, y in xy]),
+                                 "status": "ok", "reason": "", "measured_at": _now(), **dataclasses.asdict(prov),
+                                 "machine": machine_id(), "cpu": cpu_model()})
+                print(f"[copies] {setting} world {world} {phase:>10}: {slope:7.2f} us/MiB + {fixed:6.1f} us "
+                      f"({', '.join(f'{x:.0f} MiB {y:.0f} us' for x, y in xy)})", flush=True)
+    if out is not None:
+        store = ChunkedStore(out, f"fsdp-copies-{machine_id()}", FRAMEWORK_SCHEMA, prov,
+                             key_columns=("framework", "kind", "setting", "phase", "quantity", "ranks", "machine"),
+                             remeasure=True)
+        for r in rows:
+            store.append(r)
+        store.flush()
+    return len(rows)
+
+
 def main_probe(gpu: str, out_root: Path, what: str, host_kinds: str | None = None) -> None:
     from datetime import timedelta
 
@@ -356,6 +447,8 @@ def main_probe(gpu: str, out_root: Path, what: str, host_kinds: str | None = Non
     try:
         if "overlap" in what:
             overlap_campaign(device, prov, out_root / "overlap")
+        if "copies" in what:
+            copies_campaign(device, prov, out_root / "framework")
         if "host" in what:
             kinds = tuple(host_kinds.split(",")) if host_kinds else HOST_KINDS
             unknown = set(kinds) - set(HOST_KINDS)

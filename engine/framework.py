@@ -74,6 +74,7 @@ class Interference:
 
 
 FIRST_MACHINE = "first"  # host rows written before instances were told apart (one instance's)
+FSDP_COPY_KIND = "fsdp_copy"  # collector.dist_probe.copies_campaign
 
 
 @dataclass
@@ -89,10 +90,31 @@ class FrameworkData:
     host: list[dict[str, Any]] = field(default_factory=list)
     machine: str | None = None
     _extras: dict[tuple[str, str, str, int], HostExtra] = field(default_factory=dict, repr=False)
+    # FSDP2's copy kernels (kind fsdp_copy in the framework table): GPU work, not a host instance's cost
+    copies: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.copies = self.copies or [r for r in self.host if r.get("kind") == FSDP_COPY_KIND]
+        self.host = [r for r in self.host if r.get("kind") != FSDP_COPY_KIND]
 
     def machines(self) -> list[str]:
         """The instances with host rows."""
         return sorted({r.get("machine") or FIRST_MACHINE for r in self.host if r.get("status") == "ok"})
+
+    def fsdp_copy_us(self, phase: str, unit_bytes: float, itemsize: int, ranks: int) -> float | None:
+        """FSDP2's copy kernel `phase` (copy_in: the rank's shards into the all-gather input; copy_out: the
+        all-gather output into the unsharded parameters; rs_copy_in: the unsharded gradients into the
+        reduce-scatter input) for a unit of `unit_bytes` full bytes over `ranks`: the measured line of the
+        nearest world size and the element size's dtype (median over instances); None when not measured."""
+        setting = "bf16" if itemsize <= 2 else "fp32"
+        rows = [r for r in self.copies if r.get("status") == "ok" and r["phase"] == phase and r["setting"] == setting]
+        if not rows or unit_bytes <= 0:
+            return None
+        have = sorted({int(r["ranks"]) for r in rows})
+        rk = min(have, key=lambda r: (abs(r - ranks), r))
+        q = {name: self._median_over_machines([r for r in rows if int(r["ranks"]) == rk and r["quantity"] == name])
+             for name in ("us_per_mib", "fixed_us")}
+        return max(q["fixed_us"] + q["us_per_mib"] * unit_bytes / 2**20, 0.0)
 
     def instances(self) -> list[dict[str, Any]]:
         """Per measured instance: its CPU, plain eager host cost per forward operator and DTensor TP's extra
@@ -111,7 +133,7 @@ class FrameworkData:
         """The same tables with host costs of one instance (None: the slowest measured)."""
         if machine is not None and machine not in self.machines():
             raise ValueError(f"no host measurements of machine {machine!r}; measured: {', '.join(self.machines())}")
-        return FrameworkData(self.overlap, self.host, machine)
+        return FrameworkData(self.overlap, self.host, machine, copies=self.copies)
 
     def _speed_order(self) -> list[str]:
         """Instances from the slowest to the fastest host: plain eager host cost per forward operator (bf16)."""
@@ -361,7 +383,7 @@ def ddp_overhead(s: StageShape, comm: CommFn, inter: Interference) -> float:
 
 
 def fsdp_overhead(s: StageShape, comm: CommFn, inter: Interference, *, reshard: bool, gather_ratio: float,
-                  reduce_ratio: float, copy_us: Callable[[float], float]) -> tuple[float, float]:
+                  reduce_ratio: float, copy_us: Callable[[str, float], float]) -> tuple[float, float]:
     """FSDP2 on one micro-batch: `fully_shard` per decoder layer and on the root (embedding, final norm,
     LM head). Forward: the root's all-gather first (exposed), each layer's all-gather prefetched while the
     previous layer computes (at most two gathered units in flight), its copy-out on the compute stream.
@@ -372,19 +394,20 @@ def fsdp_overhead(s: StageShape, comm: CommFn, inter: Interference, *, reshard: 
 
     def gather(tl: Timeline, nbytes: float, deps: list[int | None]) -> int:
         full = nbytes * gather_ratio
-        return tl.comm(inter, "all_gather", full, copy_us(full / 2) + comm("all_gather", full), deps)
+        return tl.comm(inter, "all_gather", full, copy_us("copy_in", full) + comm("all_gather", full), deps)
 
     def reduce(tl: Timeline, nbytes: float, deps: list[int | None]) -> int:
         full = nbytes * reduce_ratio
-        return tl.comm(inter, "reduce_scatter", full, copy_us(full) + comm("reduce_scatter", full), deps)
+        return tl.comm(inter, "reduce_scatter", full, copy_us("rs_copy_in", full) + comm("reduce_scatter", full),
+                       deps)
 
     tl = Timeline()
     g_root = gather(tl, s.root_bytes, []) if s.root_bytes else None
     f_prev2: int | None = None
-    f_prev = tl.add("compute", s.fwd_embed_us + copy_us(s.root_bytes * gather_ratio), [g_root])
+    f_prev = tl.add("compute", s.fwd_embed_us + copy_us("copy_out", s.root_bytes * gather_ratio), [g_root])
     for _ in range(L):
         g = gather(tl, s.layer_bytes, [f_prev2])
-        f = tl.add("compute", s.fwd_layer_us + copy_us(s.layer_bytes * gather_ratio), [g, f_prev])
+        f = tl.add("compute", s.fwd_layer_us + copy_us("copy_out", s.layer_bytes * gather_ratio), [g, f_prev])
         f_prev2, f_prev = f_prev, f
     tl.add("compute", s.fwd_head_us, [f_prev])
     _, f_all = tl.run()
@@ -396,7 +419,7 @@ def fsdp_overhead(s: StageShape, comm: CommFn, inter: Interference, *, reshard: 
     for i in range(L, 0, -1):
         if reshard and i > 1:
             gathers[i - 1] = gather(tl, s.layer_bytes, [prev])
-        b = tl.add("compute", s.bwd_layer_us + (copy_us(s.layer_bytes * gather_ratio) if reshard else 0.0),
+        b = tl.add("compute", s.bwd_layer_us + (copy_us("copy_out", s.layer_bytes * gather_ratio) if reshard else 0.0),
                    [gathers.get(i), prev])
         reduce(tl, s.layer_bytes, [b])
         prev = b

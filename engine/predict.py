@@ -380,6 +380,10 @@ class _Assemble:
             self.warnings.append(f"host-bound: {host_share:.0%} of the step is host overhead"
                                  + (" (DTensor dispatch and framework hooks, measured)" if extras else "")
                                  + "; eager PyTorch cannot keep the GPU busy at this size")
+        par = self.par
+        if par.dp > 1 and par.zero >= 2 and par.framework == Framework.TORCH and not self.eng.framework.copies:
+            self.warnings.append("FSDP2's parameter and gradient copies are not measured in this database: priced "
+                                 "at peak HBM bandwidth (measured by `python -m tp_query.collector dist-probe --what copies`)")
         if self.eng.version_warning:
             self.warnings.append(self.eng.version_warning)
         self.warnings += [w for w in self.g.meta.extra.get("warnings", []) if w not in self.warnings]
@@ -604,8 +608,19 @@ class _Assemble:
             st = SETTINGS[self.req.setting]
             reduce_ratio = 4 / st.param_dtype.itemsize if st.master_weights else 1.0
 
-            def copy_us(nbytes: float) -> float:
-                return 2e6 * nbytes / hbm + 3.0 if nbytes > 0 else 0.0
+            param_size = st.param_dtype.itemsize
+
+            def copy_us(phase: str, nbytes: float) -> float:
+                """FSDP2's parameter copies as measured (collector dist-probe --what copies); peak HBM bandwidth
+                where this database has none (said in the prediction's warnings) and for the gradients'
+                reduce-scatter copy-in, whose probe (`_chunk_cat` alone) runs 2-4x slower on units of 1 GB and
+                more at 2 ranks than the same copy in profiled FSDP2 steps (docs/validation-notes.md)."""
+                measured = None if phase == "rs_copy_in" else self.eng.framework.fsdp_copy_us(
+                    phase, nbytes, param_size, par.dp)
+                if measured is not None:
+                    return measured
+                moved = nbytes / 2 if phase == "copy_in" else nbytes
+                return 2e6 * moved / hbm + 3.0 if nbytes > 0 else 0.0
 
             f, b = fsdp_overhead(shape, comm, inter, reshard=par.zero == 3, gather_ratio=1.0,
                                  reduce_ratio=reduce_ratio, copy_us=copy_us)

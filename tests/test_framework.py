@@ -80,7 +80,7 @@ def test_fsdp_exposes_the_first_gather_and_the_last_reduce_scatter() -> None:
     s = _shape(layer_us=3000.0)  # a layer computes longer than its gather (1.36 ms) takes
     none = Interference()
 
-    def copy(nbytes: float) -> float:
+    def copy(phase: str, nbytes: float) -> float:
         return 0.0
 
     f3, b3 = fsdp_overhead(s, _comm, none, reshard=True, gather_ratio=1.0, reduce_ratio=1.0, copy_us=copy)
@@ -173,3 +173,27 @@ def test_host_costs_come_from_one_machine_instance() -> None:
     assert "machine mB" in fd.on("mB").host_extra("torch", "tp", "bf16", 2).source
     with pytest.raises(ValueError, match="no host measurements of machine"):
         fd.on("mZ")
+
+
+def test_fsdp_copy_kernels_are_measured_lines_and_no_host_instance() -> None:
+    """FSDP2's copy kernels come from the copies campaign: a line in the unit's MiB for the nearest world size
+    and the element size's dtype, the median over the instances that measured it; the rows are GPU work and
+    do not make an instance of the host-cost table."""
+    def row(phase: str, setting: str, ranks: int, q: str, v: float, machine: str) -> dict[str, object]:
+        return {"framework": "torch", "kind": "fsdp_copy", "setting": setting, "phase": phase, "quantity": q,
+                "value_us": v, "ranks": ranks, "status": "ok", "machine": machine}
+
+    rows = [row("copy_out", "bf16", 2, "us_per_mib", 0.5, "m1"), row("copy_out", "bf16", 2, "fixed_us", 40.0, "m1"),
+            row("copy_out", "bf16", 2, "us_per_mib", 0.7, "m2"), row("copy_out", "bf16", 2, "fixed_us", 20.0, "m2"),
+            row("copy_out", "bf16", 8, "us_per_mib", 0.1, "m1"), row("copy_out", "bf16", 8, "fixed_us", 0.0, "m1"),
+            row("copy_out", "fp32", 2, "us_per_mib", 1.0, "m1"), row("copy_out", "fp32", 2, "fixed_us", 0.0, "m1"),
+            {"framework": "torch", "kind": "plain", "setting": "bf16", "phase": "fwd", "quantity": "per_op_us",
+             "value_us": 10.0, "ranks": 2, "status": "ok", "machine": "h1"}]
+    fd = FrameworkData([], rows)
+    mib = 2**20
+    assert fd.fsdp_copy_us("copy_out", 100 * mib, 2, 2) == pytest.approx(30.0 + 0.6 * 100)  # medians of m1, m2
+    assert fd.fsdp_copy_us("copy_out", 100 * mib, 2, 4) == pytest.approx(30.0 + 0.6 * 100)  # 4: nearest is 2
+    assert fd.fsdp_copy_us("copy_out", 100 * mib, 2, 8) == pytest.approx(10.0)
+    assert fd.fsdp_copy_us("copy_out", 100 * mib, 4, 2) == pytest.approx(100.0)  # fp32 elements: the fp32 line
+    assert fd.fsdp_copy_us("copy_in", 100 * mib, 2, 2) is None
+    assert fd.machines() == ["h1"] and fd.on("h1").copies == fd.copies
