@@ -201,10 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     dv.add_argument("--max-iters", type=int, default=30, help="the most timed steps per case")
     dv.add_argument("--budget-s", type=float)
     dv.add_argument("--out", default="data/validation")
-    dp_ = sub.add_parser("dist-probe", help="overlap and framework host costs (launch with torchrun)")
+    dp_ = sub.add_parser("dist-probe", help="overlap, framework host costs and FSDP2's copy kernels (launch with "
+                                            "torchrun)")
     dp_.add_argument("--gpu", required=True)
     dp_.add_argument("--out", help="the GPU's database folder (default data/<gpu>)")
-    dp_.add_argument("--what", default="overlap,host")
+    dp_.add_argument("--what", default="overlap,host,copies", help="comma-separated: overlap, host, copies")
     dp_.add_argument("--host-kinds", help="comma-separated framework kinds of the host campaign (default all)")
     mt = sub.add_parser("memtrace", help="allocated memory after every op of one real iteration")
     mt.add_argument("--cases", required=True)

@@ -1,4 +1,4 @@
-"""Two small campaigns that distributed predictions need besides operator and NCCL tables, run under
+"""Three small campaigns that distributed predictions need besides operator and NCCL tables, run under
 torchrun across the GPUs of one host (`make collect-comm` runs them after the collectives):
 
 - overlap: a GEMM, a TF32 GEMM or a bandwidth-bound elementwise loop on the compute stream while NCCL
@@ -7,6 +7,8 @@ torchrun across the GPUs of one host (`make collect-comm` runs them after the co
   DDP, FSDP2 and DTensor tensor parallel against plain eager PyTorch, at two layer counts, per phase: the
   extra host microseconds per decoder layer (slope) and per micro-batch (intercept) that the framework's
   dispatch, hooks and bookkeeping add (data/<gpu>/framework/).
+- FSDP2's copy kernels (all-gather copy-in and copy-out, reduce-scatter copy-in) over unit sizes and world
+  sizes, on one GPU (data/<gpu>/framework/fsdp-copies-*).
 """
 
 from __future__ import annotations
