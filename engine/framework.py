@@ -388,18 +388,22 @@ def fsdp_overhead(s: StageShape, comm: CommFn, inter: Interference, *, reshard: 
     LM head). Forward: the root's all-gather first (exposed), each layer's all-gather prefetched while the
     previous layer computes (at most two gathered units in flight), its copy-out on the compute stream.
     Backward: the root stays gathered; with reshard (ZeRO-3) each layer is gathered again, one ahead; each
-    unit's reduce-scatter follows its backward, the root's (embedding and head gradients) last and exposed.
-    Returns the time forward and backward take beyond their plain compute, in us."""
+    unit's gradients are copied into the reduce-scatter input on the compute stream (FSDP2's foreach_reduce
+    copies before the reduce-scatter stream waits on it), then reduce-scattered, the root's (embedding and
+    head gradients) last and exposed. Returns the time forward and backward take beyond their plain compute,
+    in us."""
     L = s.layers
 
     def gather(tl: Timeline, nbytes: float, deps: list[int | None]) -> int:
         full = nbytes * gather_ratio
         return tl.comm(inter, "all_gather", full, copy_us("copy_in", full) + comm("all_gather", full), deps)
 
-    def reduce(tl: Timeline, nbytes: float, deps: list[int | None]) -> int:
+    def reduce(tl: Timeline, nbytes: float, after: int) -> int:
+        """The copy-in on the compute stream after `after`, then the reduce-scatter; returns the copy-in."""
         full = nbytes * reduce_ratio
-        return tl.comm(inter, "reduce_scatter", full, copy_us("rs_copy_in", full) + comm("reduce_scatter", full),
-                       deps)
+        c = tl.add("compute", copy_us("rs_copy_in", full), [after])
+        tl.comm(inter, "reduce_scatter", full, comm("reduce_scatter", full), [c])
+        return c
 
     tl = Timeline()
     g_root = gather(tl, s.root_bytes, []) if s.root_bytes else None
@@ -421,11 +425,10 @@ def fsdp_overhead(s: StageShape, comm: CommFn, inter: Interference, *, reshard: 
             gathers[i - 1] = gather(tl, s.layer_bytes, [prev])
         b = tl.add("compute", s.bwd_layer_us + (copy_us("copy_out", s.layer_bytes * gather_ratio) if reshard else 0.0),
                    [gathers.get(i), prev])
-        reduce(tl, s.layer_bytes, [b])
-        prev = b
+        prev = reduce(tl, s.layer_bytes, b)
     b_emb = tl.add("compute", s.bwd_embed_us, [prev])
     if s.root_bytes:
-        reduce(tl, s.root_bytes, [b_emb])
+        reduce(tl, s.root_bytes, b_emb)
     _, b_all = tl.run()
     plain_f = s.fwd_embed_us + L * s.fwd_layer_us + s.fwd_head_us
     return f_all - plain_f, b_all - s.plain_bwd_us
