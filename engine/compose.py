@@ -218,7 +218,8 @@ class Composer:
         return hit
 
     def _bucket_copies(self, params: list[ParamRecord]) -> list[Item]:
-        """DDP's copies of each gradient into its bucket and back (any world size)."""
+        """DDP's copies of each gradient into its bucket (the division by the world size fused in: priced as
+        the copy it is, one read and one write) and back (any world size)."""
         def build() -> list[Item]:
             out = []
             for p in params:
@@ -231,15 +232,19 @@ class Composer:
 
     def ddp_items(self, params: list[ParamRecord], dp: int, copies: bool = True,
                   bucket_bytes: int = 25 * 2**20) -> list[Item]:
-        """PyTorch DDP: with gradient_as_bucket_view=False (copies) each grad is copied into its bucket and
-        back; every bucket is divided by the world size."""
-        out = self._bucket_copies(params) if copies else []
+        """PyTorch DDP's reducer (default communication hook): with gradient_as_bucket_view=False (copies) each
+        grad is copied into its bucket divided by the world size in the same pass (`at::mul_out(bucket_view,
+        grad, 1/world)`, "to save one scan") and copied back after the all-reduce; with the bucket view the
+        gradients are the buckets and are divided in place (`bucket_view.div_`), the same bytes as one
+        division per bucket."""
+        if copies:
+            return self._bucket_copies(params)
         total = sum(p.numel * DType(p.dtype).itemsize for p in params)
         dt = DType(params[0].dtype) if params else DType.FP32
         n_buckets = max(1, math.ceil(total / bucket_bytes))
         per = max(1, total // n_buckets // dt.itemsize)
         div = _call_item(OpCall("aten.div_.Scalar", (TensorSpec((per,), dt), dp)), Phase.BWD, self.allow_tf32)
-        return out + [div] * n_buckets  # one call per bucket, all alike
+        return [div] * n_buckets  # one call per bucket, all alike
 
     def megatron_grad_scaling(self, params: list[ParamRecord], dp: int, expert_buffer: bool) -> list[Item]:
         """Megatron-Core's DDP multiplies each gradient buffer by 1/DP before its all-reduce or reduce-scatter
