@@ -246,6 +246,12 @@ class Composer:
         div = _call_item(OpCall("aten.div_.Scalar", (TensorSpec((per,), dt), dp)), Phase.BWD, self.allow_tf32)
         return [div] * n_buckets  # one call per bucket, all alike
 
+    def pipelining_grad_scaling(self, params: list[ParamRecord]) -> list[Item]:
+        """torch.distributed.pipelining divides every gradient by the number of micro-batches once the schedule
+        has run them all (`scale_grads=True`, its default: PipelineStage.scale_grads, `p.grad.div_(n)` per
+        parameter of the stage); seen in the H200 profiles of 1F1B steps (20 calls on the last stage)."""
+        return [_call_item(OpCall("aten.div_.Scalar", (_spec(p), 4)), Phase.BWD, self.allow_tf32) for p in params]
+
     def megatron_grad_scaling(self, params: list[ParamRecord], dp: int, expert_buffer: bool) -> list[Item]:
         """Megatron-Core's DDP multiplies each gradient buffer by 1/DP before its all-reduce or reduce-scatter
         (average_in_collective=False, its default: distributed/distributed_data_parallel.py and
@@ -284,9 +290,10 @@ class Composer:
             expert_shards = par.expert_dp if par.zero >= 1 else 1
             # PyTorch DDP's own kernels (Megatron-Core scales its gradient buffer in its DDP model instead)
             ddp_dp = par.dp if par.zero == 0 and par.framework == "torch" else 1
+            pipelined = par.framework == "torch" and par.pp > 1 and par.micro_batches > 1
             key = (self.param_key, first, last, n, shards, par.micro_batches > 1 and par.zero < 2, ddp_dp,
                    par.ddp_bucket_view, expert_shards, par.framework, par.dp if par.framework == "megatron" else 0,
-                   par.ep > 1)
+                   par.ep > 1, pipelined)
             cached = self._stage_cache.get(key)
             if cached is None:
                 # each piece once per what it depends on: a search over DP re-uses the parameter list, the
@@ -302,6 +309,8 @@ class Composer:
                 if par.framework == "megatron" and par.dp > 1:
                     ddp = self._sub(("mcore_scale", *base, par.dp, par.ep > 1), functools.partial(
                         self.megatron_grad_scaling, params, par.dp, par.ep > 1))
+                if pipelined:
+                    ddp = ddp + self._sub(("pp_scale", *base), functools.partial(self.pipelining_grad_scaling, params))
                 cached = (params, opt, accum, ddp, sum(p.numel for p in params),
                           sum(p.numel * DType(p.dtype).itemsize for p in params))
                 self._stage_cache[key] = cached
