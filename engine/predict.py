@@ -384,6 +384,9 @@ class _Assemble:
         if par.dp > 1 and par.zero >= 2 and par.framework == Framework.TORCH and not self.eng.framework.copies:
             self.warnings.append("FSDP2's parameter and gradient copies are not measured in this database: priced "
                                  "at peak HBM bandwidth (measured by `python -m tp_query.collector dist-probe --what copies`)")
+        if par.framework == Framework.MEGATRON:
+            self.warnings.append("Megatron-Core's gradient clipping is modelled as not taken; a step whose gradient "
+                                 "norm exceeds --clip-grad also scales every gradient (one more pass over them)")
         if self.eng.version_warning:
             self.warnings.append(self.eng.version_warning)
         self.warnings += [w for w in self.g.meta.extra.get("warnings", []) if w not in self.warnings]
