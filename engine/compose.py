@@ -196,15 +196,60 @@ class Composer:
                 return [v[i] for i in order]
             return v
 
-        items = []
-        for o in self.opt_records:
-            call = OpCall.from_json_str(o.op, o.sig)
+        def shard_args(call: OpCall, n: int) -> OpCall:
+            if n <= 1:
+                return call
+            return OpCall(call.op, tuple(_shard(a, n) if isinstance(a, TensorSpec) else a for a in call.args),
+                          call.kwargs)
+
+        calls = [OpCall.from_json_str(o.op, o.sig) for o in self.opt_records]
+        items: list[Item] = []
+        i = 0
+        while i < len(calls):
+            call = calls[i]
             if any(isinstance(a, list) and len(a) == n_traced for a in call.args):
                 call = OpCall(call.op, tuple(remap(a) for a in call.args), call.kwargs)
                 items.append(_call_item(call, Phase.OPT, self.allow_tf32))
+                i += 1
+                continue
+            block = self._per_param_block(calls, i)
+            if block == "params":  # one call per traced parameter, in their order: one per parameter here
+                items += [_call_item(shard_args(calls[i + s], shards[j]), Phase.OPT, self.allow_tf32)
+                          for j, s in enumerate(order)]
+                i += n_traced
+            elif block == "repeat":  # the same call once per traced parameter (a host read of each norm)
+                items += [make_item(self.opt_records[i].op, self.opt_records[i].sig, Phase.OPT, self.allow_tf32)
+                          ] * len(params)
+                i += n_traced
             else:
-                items.append(make_item(o.op, o.sig, Phase.OPT, self.allow_tf32))
+                items.append(make_item(self.opt_records[i].op, self.opt_records[i].sig, Phase.OPT, self.allow_tf32))
+                i += 1
         return items
+
+    def _per_param_block(self, calls: list[OpCall], i: int) -> str:
+        """Whether the traced optimizer step has, from call i, one plain call per traced parameter in their
+        order ("params": each call's tensors have its parameter's shape, like Megatron's per-tensor gradient
+        norms and copy-back or a master-weight optimizer's gradient casts) or the same call once per parameter
+        ("repeat": the host read of each norm). Such a block stands for every parameter of a stage, not only
+        the traced layers'; anything else is one call."""
+        n = len(self.traced_params)
+        if n < 2 or i + n > len(calls) or any(isinstance(a, list) for c in calls[i:i + n] for a in c.args):
+            return ""
+        shapes = [tuple(p.shape) for p in self.traced_params]
+
+        def tensors(c: OpCall) -> list[TensorSpec]:
+            return [a for a in c.args if isinstance(a, TensorSpec)]
+
+        if all(tensors(c) and all(t.shape == shapes[k] for t in tensors(c)) for k, c in enumerate(calls[i:i + n])) \
+                and len({c.op for c in calls[i:i + n]}) == 1:
+            return "params"
+        # the same device call once per parameter (a host read of each norm); reads of host scalars (the
+        # optimizer's step counts) stay as traced: the host model's optimizer cost was calibrated that way
+        # (its per-operator cost already holds the per-tensor work of the foreach calls beside them)
+        if len({(c.op, c.to_json_str()) for c in calls[i:i + n]}) == 1 and len(set(shapes)) > 1 \
+                and not any(t.host for t in tensors(calls[i])):
+            return "repeat"
+        return ""
 
     def accumulate_items(self, params: list[ParamRecord]) -> list[Item]:
         """AccumulateGrad with an existing gradient: grad += new, once per parameter."""

@@ -133,3 +133,27 @@ def test_steady_state_without_a_whole_warmup_step(setting: Setting, framework: s
     for g in (fast, full):
         g["meta"]["extra"].pop("trace_s")
     assert fast == full
+
+
+def test_per_parameter_optimizer_calls_cover_every_layer() -> None:
+    """Megatron-Core's step computes a gradient norm and copies the main parameter back once per parameter:
+    in a graph traced with 2 of 4 layers those calls stand for all 4 layers' parameters (a stage of the full
+    model has them all), sharded under its distributed optimizer like the rest of the step; the host reads
+    of the optimizer's step counts stay as traced."""
+    from tp_query.engine.compose import Composer
+
+    g = trace_config(TraceRequest(LLAMA, Setting.MP_BF16, 1, 64, framework="megatron"))
+    assert g.meta.traced_layers == 2 and LLAMA.num_layers == 4
+    comp = Composer(g, False)
+    params = comp.stage_params(True, True, 4)
+    assert len(params) > len(g.params)
+    traced_norms = [o for o in g.ops if o.op == "aten.linalg_vector_norm.default"]
+    assert len(traced_norms) == len(g.params)
+    items = comp.optimizer_items(params, 1)
+    norms = [it for it in items if it.call.op == "aten.linalg_vector_norm.default"]
+    copies = [it for it in items if it.call.op == "aten.copy_.default"]
+    assert len(norms) == len(params) and len(copies) == len(params)
+    assert sorted(it.call.args[0].shape for it in norms) == sorted(tuple(p.shape) for p in params)
+    sharded = comp.optimizer_items(params, 2)
+    assert sum(it.call.args[0].numel for it in sharded if it.call.op == "aten.linalg_vector_norm.default") \
+        <= sum(p.numel for p in params) // 2 + len(params)
