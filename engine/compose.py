@@ -22,7 +22,7 @@ from tp_query.schema.ops import CallInfo, Operands, describe, step_operands, wit
 from tp_query.schema.precision import DType
 from tp_query.schema.signature import OpCall, TensorSpec, call_key
 
-from .graph import Graph, OpRecord, ParamRecord, Phase, Section, layer_templates
+from .graph import Graph, OpRecord, ParamRecord, Phase, Section, layer_templates, sequence_parallel_norm
 from .parallel import ParallelConfig, PlanError
 
 
@@ -203,10 +203,16 @@ class Composer:
                           call.kwargs)
 
         calls = [OpCall.from_json_str(o.op, o.sig) for o in self.opt_records]
+        partial = self._partial_grad_reductions(params)
         items: list[Item] = []
         i = 0
         while i < len(calls):
             call = calls[i]
+            if call.op.startswith("comm."):  # DTensor SP: the Partial gradients' all-reduces, for the stage's norms
+                items += partial
+                partial = []
+                i += 1
+                continue
             if any(isinstance(a, list) and len(a) == n_traced for a in call.args):
                 call = OpCall(call.op, tuple(remap(a) for a in call.args), call.kwargs)
                 items.append(_call_item(call, Phase.OPT, self.allow_tf32))
@@ -225,6 +231,19 @@ class Composer:
                 items.append(make_item(self.opt_records[i].op, self.opt_records[i].sig, Phase.OPT, self.allow_tf32))
                 i += 1
         return items
+
+    def _partial_grad_reductions(self, params: list[ParamRecord]) -> list[Item]:
+        """DTensor sequence parallelism: the all-reduces the traced optimizer step made of the Partial gradients
+        of its sequence-parallel norms (graph.sequence_parallel_norm), as many per norm of this stage."""
+        traced = [o for o in self.opt_records if o.op.startswith("comm.")]
+        n_traced = sum(sequence_parallel_norm(p.name, tuple(p.shape)) for p in self.traced_params)
+        if not traced or not n_traced:
+            return []
+        per_param = len(traced) // n_traced
+        dt = OpCall.from_json_str(traced[0].op, traced[0].sig).args[0].dtype  # type: ignore[union-attr]
+        return [_call_item(OpCall(traced[0].op, (TensorSpec(tuple(p.shape), dt),), (("group", "tp"),)),
+                           Phase.OPT, self.allow_tf32)
+                for p in params if sequence_parallel_norm(p.name, tuple(p.shape)) for _ in range(per_param)]
 
     def _per_param_block(self, calls: list[OpCall], i: int) -> str:
         """Whether the traced optimizer step has, from call i, one plain call per traced parameter in their

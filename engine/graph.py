@@ -141,6 +141,18 @@ class Graph:
         return Graph.from_json(json.loads(raw))
 
 
+_BLOCKS = (".self_attn.", ".attn.", ".attention.", ".self_attention.", ".mlp.", ".block_sparse_moe.")
+
+
+def sequence_parallel_norm(name: str, shape: tuple[int, ...]) -> bool:
+    """A parameter DTensor's SequenceParallel style applies to sequence shards: the norms between the attention
+    and MLP blocks and the final norm (`layers.3.input_layernorm.weight`, `head.norm.weight`, GPT-2's `ln_*`);
+    their gradients stay Partial over the TP ranks until an optimizer call reads them."""
+    parts = name.split(".")
+    module = parts[-2] if len(parts) >= 2 else ""
+    return len(shape) == 1 and ("norm" in module or module.startswith("ln_")) and not any(b in name for b in _BLOCKS)
+
+
 def is_graph_json(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("format") == GRAPH_FORMAT
 

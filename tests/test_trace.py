@@ -157,3 +157,27 @@ def test_per_parameter_optimizer_calls_cover_every_layer() -> None:
     sharded = comp.optimizer_items(params, 2)
     assert sum(it.call.args[0].numel for it in sharded if it.call.op == "aten.linalg_vector_norm.default") \
         <= sum(p.numel for p in params) // 2 + len(params)
+
+
+def test_dtensor_sequence_parallel_reduces_partial_norm_gradients_in_the_optimizer() -> None:
+    """Under DTensor SP the norms' weight gradients stay Partial over the TP ranks; each optimizer call that
+    reads them all-reduces them first (3 per weight with foreach AdamW: lerp_ and addcmul_ twice, as the kernel
+    timelines of real steps count), and a stage of the whole model has them for all its norms."""
+    from tp_query.engine.compose import Composer
+    from tp_query.engine.graph import sequence_parallel_norm
+
+    def opt_comms(g: Graph) -> int:
+        return sum(1 for o in g.ops if o.phase == Phase.OPT and o.op == "comm.all_reduce")
+
+    sp = trace_config(TraceRequest(LLAMA, Setting.BF16, 1, 64, tp=2, sequence_parallel=True))
+    norms = [p for p in sp.params if sequence_parallel_norm(p.name, tuple(p.shape))]
+    assert len(norms) == 2 * 2 + 1  # two per traced layer and the final norm
+    assert opt_comms(sp) == 3 * len(norms)
+    fused = trace_config(TraceRequest(LLAMA, Setting.BF16, 1, 64, tp=2, sequence_parallel=True,
+                                      optimizer="adamw_fused"))
+    assert opt_comms(fused) == len(norms)
+    assert opt_comms(trace_config(TraceRequest(LLAMA, Setting.BF16, 1, 64, tp=2))) == 0  # no SP: replicated
+    comp = Composer(sp, False)
+    params = comp.stage_params(True, True, 4)
+    items = comp.optimizer_items(params, 1)
+    assert sum(1 for it in items if it.call.op == "comm.all_reduce") == 3 * (2 * 4 + 1)

@@ -32,6 +32,7 @@ from tp_query.engine.graph import (
     Phase,
     Section,
     layer_templates,
+    sequence_parallel_norm,
 )
 from tp_query.engine.request import OPTIMIZERS
 from tp_query.schema.model_config import ModelSpec
@@ -243,6 +244,11 @@ class _Capture:
         self.layer = -1
         self.host_ids = host_ids
         self.param_section = param_section
+        # DTensor sequence parallelism: gradients left Partial over the TP ranks (graph.sequence_parallel_norm);
+        # every optimizer call that reads one all-reduces it first, each time (kernel timelines: 3 per weight
+        # under foreach AdamW). A master-weight optimizer's fp32 copies are not followed.
+        self.partial_params: list[torch.nn.Parameter] = []
+        self.partial_grads = _HostSet()
         self.records: list[OpRecord] = []
         self.seq_marks: list[int] = []
         self.seq_sections: list[tuple[Section, int]] = []
@@ -329,6 +335,11 @@ class _Capture:
         name = str(func)
         if name == "aten.lift_fresh.default":
             self.host_ids.add(args[0])
+        if self.phase == Phase.OPT and self.partial_params:
+            for a in args:
+                for t in (a if isinstance(a, list | tuple) else (a,)):
+                    if isinstance(t, torch.Tensor) and t in self.partial_grads:
+                        self.comm("all_reduce", t, "tp")
         call = encode_call(func, args, kwargs, lambda t: t in self.host_ids)
         if name == "aten.new_zeros.default" and not kwargs:
             # torch 2.13's topk backward allocates with new_zeros(grad, size); the GPU's torch 2.11 (and
@@ -484,6 +495,7 @@ def _train_step(forward: Callable[[], Any], opt: torch.optim.Optimizer, scaler: 
             cap.close_window(w)
         cap.mark("bwd_end")
         cap.phase = Phase.OPT
+        cap.partial_grads = _HostSet([p.grad for p in cap.partial_params if p.grad is not None])
         cap.open_window("opt")
     if scaler:
         scaler.unscale_(opt)
@@ -596,6 +608,8 @@ def trace_config(req: TraceRequest, *, full_warmup_step: bool = False) -> Graph:
         for i, layer in enumerate(layer_mods):
             hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: cap.enter(Section.LAYER, i)))
             hooks.append(layer.register_forward_hook(lambda m, a, o, i=i: cap.mark(f"layer{i}_end")))
+        if shard.dtensor and shard.sequence_parallel and not st.master_weights:
+            cap.partial_params = [p for n, p in model.named_parameters() if sequence_parallel_norm(n, tuple(p.shape))]
         COMM_SINK.append(cap.comm)
         torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
         try:
