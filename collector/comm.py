@@ -15,6 +15,7 @@ import datetime as dt
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,10 @@ def plan(world: int, tiny: bool) -> list[tuple[str, int, int, str]]:
             if not (c == "send_recv" and g != 2)]
 
 
-def _run_one(coll: str, nbytes: int, group: Any, ranks: int, dtype: torch.dtype, device: torch.device,
-             reps: int) -> list[float]:
+def collective_fn(coll: str, nbytes: int, group: Any, ranks: int, dtype: torch.dtype,
+                  device: torch.device) -> Callable[[], object]:
+    """One collective of `nbytes` per rank (a multiple of the rank count in elements) as the campaign runs it,
+    its buffers bound."""
     el = max(nbytes // torch.tensor([], dtype=dtype).element_size(), ranks)
     el -= el % ranks
     x = torch.ones(el, dtype=dtype, device=device)
@@ -78,6 +81,13 @@ def _run_one(coll: str, nbytes: int, group: Any, ranks: int, dtype: torch.dtype,
                 dist.recv(x, group_src=peer, group=group)
     else:
         fn = lambda: dist.all_reduce(x, group=group)  # noqa: E731
+    return fn
+
+
+def time_collective(coll: str, nbytes: int, group: Any, ranks: int, dtype: torch.dtype, device: torch.device,
+                    reps: int) -> list[float]:
+    """The campaign's samples of one collective (us): barrier, event, the call, event, one call per sample."""
+    fn = collective_fn(coll, nbytes, group, ranks, dtype, device)
     fn()
     samples = []
     cuda = device.type == "cuda"
@@ -141,7 +151,7 @@ def run_comm_campaign(out: Path, gpu: str, tiny: bool = False, budget_s: float |
         if rank < g:
             status, reason, samples = "ok", "", []
             try:
-                samples = _run_one(coll, nbytes, groups[g], g, DTYPES[dname], device, reps)
+                samples = time_collective(coll, nbytes, groups[g], g, DTYPES[dname], device, reps)
             except torch.OutOfMemoryError:
                 status, reason = "oom", "out of memory"
             except RuntimeError as e:

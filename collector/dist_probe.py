@@ -31,6 +31,7 @@ from tp_query.schema.tables import FRAMEWORK_SCHEMA, OVERLAP_SCHEMA
 
 from .device import Device, cpu_model, machine_id
 from .store import ChunkedStore
+from .timing import events_us
 
 
 def _now() -> dt.datetime:
@@ -278,6 +279,24 @@ def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return slope, statistics.median(y - slope * x for x, y in zip(xs, ys, strict=True))
 
 
+def _framework_row(kind: str, setting: str, phase: str, quantity: str, value_us: float, ranks: int, samples: Any,
+                   prov: Any) -> dict[str, Any]:
+    """One row of the framework table, of this machine instance."""
+    return {"framework": "torch", "kind": kind, "setting": setting, "phase": phase, "quantity": quantity,
+            "value_us": value_us, "ranks": ranks, "samples_json": json.dumps(samples), "status": "ok", "reason": "",
+            "measured_at": _now(), **dataclasses.asdict(prov), "machine": machine_id(), "cpu": cpu_model()}
+
+
+def _store_framework_rows(out: Path, campaign: str, prov: Any, rows: list[dict[str, Any]]) -> None:
+    """A campaign's rows in its own chunks: a rerun on the same instance replaces them, another adds."""
+    store = ChunkedStore(out, campaign, FRAMEWORK_SCHEMA, prov,
+                         key_columns=("framework", "kind", "setting", "phase", "quantity", "ranks", "machine"),
+                         remeasure=True)
+    for r in rows:
+        store.append(r)
+    store.flush()
+
+
 def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int = 40,
                   kinds: tuple[str, ...] = HOST_KINDS) -> int:
     """Each machine instance keeps its own rows (a rerun on it replaces them; another instance adds)."""
@@ -285,12 +304,7 @@ def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int 
     for setting in ("bf16", "amp_bf16"):
         rows += _host_rows(device, prov, setting, iters, kinds)
     if dist.get_rank() == 0 and out is not None:
-        store = ChunkedStore(out, f"framework-r{dist.get_world_size()}-{machine_id()}", FRAMEWORK_SCHEMA, prov,
-                             key_columns=("framework", "kind", "setting", "phase", "quantity", "ranks", "machine"),
-                             remeasure=True)
-        for r in rows:
-            store.append(r)
-        store.flush()
+        _store_framework_rows(out, f"framework-r{dist.get_world_size()}-{machine_id()}", prov, rows)
         for r in rows:
             print(f"[host] {r['kind']:>15} {r['setting']:>8} {r['phase']} {r['quantity']:>18}: {r['value_us']:9.1f} us",
                   flush=True)
@@ -314,7 +328,6 @@ def _with_bases(kinds: tuple[str, ...]) -> tuple[str, ...]:
 def _host_rows(device: torch.device, prov: Any, setting: str, iters: int,
                kinds: tuple[str, ...] = HOST_KINDS) -> list[dict[str, Any]]:
     world = dist.get_world_size()
-    machine = machine_id()
     kinds = _with_bases(kinds)
     times: dict[tuple[str, int], dict[str, float]] = {}
     for kind in kinds:
@@ -338,11 +351,8 @@ def _host_rows(device: torch.device, prov: Any, setting: str, iters: int,
                 bslope, bfixed = _fit_line(xs, [times[(base, n)][phase] for n in LAYER_COUNTS])
                 vals = {"extra_per_layer_us": slope - bslope, "extra_fixed_us": fixed - bfixed}
             for q, v in vals.items():
-                rows.append({"framework": "torch", "kind": kind, "setting": setting, "phase": phase, "quantity": q, "value_us": v,
-                             "ranks": world, "samples_json": json.dumps({str(k[1]): times[k][phase] for k in times
-                                                                         if k[0] == kind}),
-                             "status": "ok", "reason": "", "measured_at": _now(), **dataclasses.asdict(prov),
-                             "machine": machine, "cpu": cpu_model()})
+                rows.append(_framework_row(kind, setting, phase, q, v, world,
+                                           {str(k[1]): times[k][phase] for k in times if k[0] == kind}, prov))
     return rows
 
 
@@ -361,28 +371,12 @@ COPY_UNITS: dict[str, list[tuple[int, ...]]] = {
 COPY_WORLDS = (2, 4, 8)
 
 
-def _timed_us(fn: Any, n: int = 9, queued: int = 8) -> list[float]:
-    """Per call, `queued` calls back to back between two events: a step issues these copies behind other
-    work, so the host's launch (and `_chunk_cat`'s host-side setup) is hidden, as it is not for one call
-    timed alone (which ran 2x slower for `_chunk_cat` than the same call in a profiled step)."""
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(queued):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e) * 1e3 / queued)
-    return out
-
-
 def _fsdp_copy_kernels(shapes: list[tuple[int, ...]], world: int, dtype: torch.dtype,
                        device: torch.device) -> dict[str, float]:
     """One FSDP2 unit's three copies as `fully_shard` runs them (torch.distributed.fsdp._fully_shard.
-    _fsdp_collectives), timed alone: copy_in (the rank's shards into the all-gather input, `_foreach_copy_`),
+    _fsdp_collectives), each timed as 8 calls queued back to back (a step issues them behind other work, so
+    the host's launch and `_chunk_cat`'s host-side setup stay hidden, as they are not for one call timed
+    alone, which ran `_chunk_cat` 2x slower than a profiled step did): copy_in (the rank's shards into the all-gather input, `_foreach_copy_`),
     copy_out (the all-gather output into the unsharded parameters, `fsdp.split_with_sizes_copy`),
     rs_copy_in (the unsharded gradients into the reduce-scatter input, `fsdp.chunk_cat`). Median us."""
     import torch.distributed.fsdp._fully_shard._fsdp_collectives  # registers torch.ops.fsdp
@@ -398,10 +392,10 @@ def _fsdp_copy_kernels(shapes: list[tuple[int, ...]], world: int, dtype: torch.d
     grads = [torch.randn(s, device=device, dtype=dtype) for s in padded]  # unsharded gradients, their own shapes
     rs_in = torch.empty(world, total, device=device, dtype=dtype)
     times = {
-        "copy_in": _timed_us(lambda: torch._foreach_copy_(dsts, srcs)),
-        "copy_out": _timed_us(lambda: torch.ops.fsdp.split_with_sizes_copy(ag_out.view(world, -1), shard, dim=1,
-                                                                           out=unsharded)),
-        "rs_copy_in": _timed_us(lambda: torch.ops.fsdp.chunk_cat(grads, 0, world, out=rs_in)),
+        "copy_in": events_us(lambda: torch._foreach_copy_(dsts, srcs), 9, queued=8),
+        "copy_out": events_us(lambda: torch.ops.fsdp.split_with_sizes_copy(ag_out.view(world, -1), shard, dim=1,
+                                                                           out=unsharded), 9, queued=8),
+        "rs_copy_in": events_us(lambda: torch.ops.fsdp.chunk_cat(grads, 0, world, out=rs_in), 9, queued=8),
     }
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -423,21 +417,13 @@ def copies_campaign(device: torch.device, prov: Any, out: Path | None) -> int:
                 torch.cuda.empty_cache()
             for phase, xy in pts.items():
                 slope, fixed = _fit_line([x for x, _ in xy], [y for _, y in xy])
-                for q, v in (("us_per_mib", slope), ("fixed_us", fixed)):
-                    rows.append({"framework": "torch", "kind": "fsdp_copy", "setting": setting, "phase": phase,
-                                 "quantity": q, "value_us": v, "ranks": world,
-                                 "samples_json": json.dumps([[round(x, 3), round(y, 2)] for x, y in xy]),
-                                 "status": "ok", "reason": "", "measured_at": _now(), **dataclasses.asdict(prov),
-                                 "machine": machine_id(), "cpu": cpu_model()})
+                rows += [_framework_row("fsdp_copy", setting, phase, q, v, world,
+                                        [[round(x, 3), round(y, 2)] for x, y in xy], prov)
+                         for q, v in (("us_per_mib", slope), ("fixed_us", fixed))]
                 print(f"[copies] {setting} world {world} {phase:>10}: {slope:7.2f} us/MiB + {fixed:6.1f} us "
                       f"({', '.join(f'{x:.0f} MiB {y:.0f} us' for x, y in xy)})", flush=True)
     if out is not None:
-        store = ChunkedStore(out, f"fsdp-copies-{machine_id()}", FRAMEWORK_SCHEMA, prov,
-                             key_columns=("framework", "kind", "setting", "phase", "quantity", "ranks", "machine"),
-                             remeasure=True)
-        for r in rows:
-            store.append(r)
-        store.flush()
+        _store_framework_rows(out, f"fsdp-copies-{machine_id()}", prov, rows)
     return len(rows)
 
 

@@ -434,7 +434,7 @@ def time_steps(step: Step, device: torch.device, warmup: int = 2, iters: int = B
             "reserved": int(reserved), "host_ms": statistics.median(host) if host else None}
 
 
-def _intervals_union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def intervals_union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
     for a, b in sorted(iv):
         if out and a <= out[-1][1]:
@@ -444,7 +444,7 @@ def _intervals_union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]
     return out
 
 
-def _covered(iv: list[tuple[float, float]], by: list[tuple[float, float]]) -> float:
+def covered_length(iv: list[tuple[float, float]], by: list[tuple[float, float]]) -> float:
     """Length of `iv` (disjoint) covered by `by` (disjoint, sorted)."""
     tot, j = 0.0, 0
     for a, b in iv:
@@ -471,10 +471,10 @@ def profile_step(step: Step) -> dict[str, Any]:
             continue
         iv = (ev.time_range.start / 1e3, ev.time_range.end / 1e3)
         (comm if "nccl" in ev.name.lower() else comp).append(iv)
-    cu, mu = _intervals_union(comm), _intervals_union(comp)
+    cu, mu = intervals_union(comm), intervals_union(comp)
     comm_ms = sum(b - a for a, b in cu)
     comp_ms = sum(b - a for a, b in mu)
-    hidden = _covered(cu, mu)
+    hidden = covered_length(cu, mu)
     span = (max(b for _, b in cu + mu) - min(a for a, _ in cu + mu)) if cu or mu else 0.0
     return {"nccl_ms": comm_ms, "compute_ms": comp_ms, "nccl_hidden_ms": hidden, "gpu_span_ms": span,
             "idle_ms": span - comp_ms - (comm_ms - hidden)}

@@ -47,6 +47,28 @@ def quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def events_us(fn: Callable[[], object], n: int, queued: int = 1, warmup: int = 1,
+              before: Callable[[], object] | None = None) -> list[float]:
+    """`n` samples of one call's device time (us): `queued` calls back to back between two CUDA events per
+    sample (queued > 1 hides the host's launch, as a busy step does), after `warmup` calls; `before` runs
+    ahead of each sample (a barrier). For probes; campaign points go through Timer."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(n):
+        if before is not None:
+            before()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(queued):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e) * 1e3 / queued)
+    return out
+
+
 class Timer:
     """One per device: owns the L2 flush buffer and the policy knobs."""
 

@@ -36,42 +36,27 @@ def shaped_ops(prof: Any, min_us: float) -> list[list[Any]]:
 def kernel_busy(prof: Any) -> tuple[float, float]:
     """(union of the kernels' intervals, first kernel start to last kernel end), in us."""
     import torch
+    from tp_query.collector.dist_validate import intervals_union
 
     kernels = sorted((ev.time_range.start, ev.time_range.end) for ev in prof.events()
                      if ev.device_type == torch.autograd.DeviceType.CUDA)
-    busy, cs, ce = 0.0, *kernels[0]
-    for a, b in kernels[1:]:
-        if a > ce:
-            busy, cs, ce = busy + ce - cs, a, b
-        else:
-            ce = max(ce, b)
-    return busy + ce - cs, kernels[-1][1] - kernels[0][0]
+    return sum(b - a for a, b in intervals_union(kernels)), kernels[-1][1] - kernels[0][0]
 
 
 def kernel_timeline(prof: Any) -> dict[str, Any]:
     """One rank's step on its GPU: span, busy union of all kernels, of compute kernels, NCCL kernel time
     (sum, and each kernel's duration in order) and the NCCL time with no compute kernel beside it, in us."""
     import torch
+    from tp_query.collector.dist_validate import covered_length
+    from tp_query.collector.dist_validate import intervals_union as union
 
     # a set: the profiler lists each NCCL kernel twice (the kernel and its GPU-side annotation, same interval)
     ks = sorted({(ev.time_range.start, ev.time_range.end, "nccl" in ev.name.lower()) for ev in prof.events()
                  if ev.device_type == torch.autograd.DeviceType.CUDA})
-
-    def union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
-        out: list[tuple[float, float]] = []
-        for a, b in sorted(iv):
-            if out and a <= out[-1][1]:
-                out[-1] = (out[-1][0], max(out[-1][1], b))
-            else:
-                out.append((a, b))
-        return out
-
     comp = union([(a, b) for a, b, n in ks if not n])
     nccl = [(a, b) for a, b, n in ks if n]
-    exposed = 0.0
-    for a, b in union(nccl):  # the part of each NCCL interval no compute interval covers
-        cov = sum(max(0.0, min(b, d) - max(a, c)) for c, d in comp if d > a and c < b)
-        exposed += (b - a) - cov
+    nccl_union = union(nccl)
+    exposed = sum(b - a for a, b in nccl_union) - covered_length(nccl_union, comp)  # no compute kernel beside
     return {"span_us": ks[-1][1] - ks[0][0], "busy_us": sum(b - a for a, b in union([(a, b) for a, b, _ in ks])),
             "compute_busy_us": sum(b - a for a, b in comp), "nccl_us": sum(b - a for a, b in nccl),
             "nccl_exposed_us": exposed, "nccl_kernels_us": [round(b - a, 1) for a, b in nccl]}

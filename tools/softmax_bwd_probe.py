@@ -12,20 +12,11 @@ import sys
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
+from tp_query.collector.timing import events_us
 
 
 def timed(fn, n: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    out = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e) * 1e3)
-    return statistics.median(out)
+    return statistics.median(events_us(fn, n, warmup=3))
 
 
 def main() -> None:
