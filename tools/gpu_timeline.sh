@@ -2,6 +2,7 @@
 # One device call on 2 GPUs: kernel timelines of distributed steps on every rank (NCCL kernel time, the part of
 # it no compute kernel hides, GPU idle) beside the per-aten-op profile (tools/torch_pp_op_profile.py).
 # $CASES: case ids (space-separated); the default is the DTensor TP set the per-Linear all-reduces came from.
+# The pipelining timelines of the notes: CASES="torch-pp_1f1b-llama3-8b-L4-dp1-tp1-pp2-m4-bf16 ...".
 set -u
 source tools/gpu_common.sh
 mkdir -p "$OUT/prof"
