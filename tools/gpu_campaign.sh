@@ -3,11 +3,7 @@
 # training iterations ($ONLY: case-id substrings, resumable); wheels in $WHEELS are installed first.
 # Changed and new files under data/ come back as one tarball.
 set -u
-if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 1
-fi
-EXTRA_PATH=${PYTHONPATH:-} source tools/gpu_common.sh
+source tools/gpu_common.sh
 if [ -n "${SIGS:-}" ]; then
   timeout ${COLLECT_S:-300} python3 -m tp_query.collector collect --gpu h200 --out data/h200/ops --sigs $SIGS \
     --budget-s $(( ${COLLECT_S:-300} - 30 )) --quiet 2>&1 | tail -5

@@ -1,5 +1,11 @@
-# Sourced by the device scripts: the package namespace (the checkout is not installed there) and the
+# Sourced by the device scripts: carried wheels, the package namespace (the checkout is not installed there) and the
 # shipping of what a campaign changed under data/ as one tarball in $OUT.
+# $WHEELS: a folder of wheels the machine lacks (megatron-core, torchao) installed first, importable after
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHEELS"/*.whl || exit 1
+  EXTRA_PATH=/tmp/site${EXTRA_PATH:+:$EXTRA_PATH}
+fi
 mkdir -p .ns/tp_query && for d in schema engine collector; do ln -sfn "$PWD/$d" .ns/tp_query/$d; done
 export PYTHONPATH=$PWD/.ns${EXTRA_PATH:+:$EXTRA_PATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 

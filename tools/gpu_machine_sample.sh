@@ -5,11 +5,7 @@
 # rerun on the same instance replaces its own rows; the case loop stops at $CASES_S seconds. $ONE_GPU:
 # one-GPU validation cases (case-id substrings) measured on the same instance.
 set -u
-if [ "${FRAMEWORKS:-torch}" = megatron ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export EXTRA_PATH=/tmp/site
-fi
+[ "${FRAMEWORKS:-torch}" = megatron ] && WHEELS=.whl  # Megatron-Core from the carried wheel
 source tools/gpu_common.sh
 python3 -c 'from tp_query.collector.device import machine_id, cpu_model; print("machine", machine_id(), cpu_model())'
 

@@ -2,9 +2,7 @@
 # One device call on 2 GPUs: per-aten-op profiles of Megatron-Core's MoE step (Mixtral-8x7B shape, 2 layers,
 # tf32; experts replicated and EP=2), one process per case (Megatron keeps state across builds).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
-EXTRA_PATH=/tmp/site source tools/gpu_common.sh
+WHEELS=.whl source tools/gpu_common.sh
 cd tools
 for ep in 1 2; do
   MOE=1 EP=$ep CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 200 torchrun --nproc-per-node 2 mcore_op_profile.py "$OUT" \

@@ -3,9 +3,7 @@
 # calls of the Megatron MoE graph (data/h200/campaigns/megatron-moe.jsonl), the Megatron MoE / EP iterations,
 # then ($REMEASURE: case-id substrings) distributed cases timed again with noise-based stopping.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
-EXTRA_PATH=/tmp/site source tools/gpu_common.sh
+WHEELS=.whl source tools/gpu_common.sh
 if [ -n "${OPLOG:-}" ]; then
   CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 120 torchrun --nproc-per-node 2 tools/mcore_moe_oplog.py "$OUT" 2>&1 | grep -v Warning | tail -8
 fi
