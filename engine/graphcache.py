@@ -14,7 +14,7 @@ from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
 from .graph import Graph, is_graph_json
 from .request import PredictError, PredictRequest
 
-TRACE_VERSION = 15
+TRACE_VERSION = 17
 
 
 def cache_dir() -> Path:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from tp_query.schema.ops import Family
+from tp_query.schema.signature import OpCall, SameAs
 
 from .compose import Composer, Item
 from .graph import Phase, Section
@@ -162,7 +163,7 @@ class SegmentCache:
                     e = est[it.key]
                     row = (e.cold_us, e.warm_us, 0.0, False, e.source)
                 multi = it.info.family == Family.FOREACH or it.call.op.startswith("aten._foreach")
-                nt = float(sum(1 for _ in it.call.tensors())) if multi else 0.0
+                nt = float(_tensor_arguments(it.call)) if multi else 0.0
                 syncs = it.call.op in SYNC_OPS and not it.call.on_host_only()
                 c = (row[0], row[1], row[2], row[3], _PHASE_CODE[it.phase], nt, syncs, row[4])
                 cache[(it.key, it.phase)] = c
@@ -172,3 +173,13 @@ class SegmentCache:
                       dtype=bool)
         return Segment(cold, warm, comm_us, is_comm, phase, tensors, sync, src_codes, items, None, weight,
                        ep if ep.any() else None)
+
+
+def _tensor_arguments(call: OpCall) -> int:
+    """Tensors a multi-tensor call hands the host, a list passed twice counted twice (the host walks every list
+    argument; only the GPU reads a repeated list once)."""
+    n = sum(1 for _ in call.tensors())
+    for a in call.args:
+        if isinstance(a, SameAs) and isinstance(call.args[a.arg], list):
+            n += len(call.args[a.arg])
+    return n

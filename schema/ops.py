@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from .precision import SETTINGS, DType, Precision, Setting, op_precision
-from .signature import OpCall, Scalar, TensorSpec, contiguous_strides
+from .signature import OpCall, SameAs, Scalar, TensorSpec, contiguous_strides
 
 
 class Family(StrEnum):
@@ -96,7 +96,7 @@ FAMILIES: dict[Family, FamilySpec] = {
                                  derive=lambda f: {"masked": bool(f.get("masked"))}),
     Family.ROWWISE: FamilySpec(Family.ROWWISE, ("rows", "cols"), (), log_space=False),
     Family.EMBEDDING: FamilySpec(Family.EMBEDDING, ("tokens", "vocab", "dim"), (), log_space=False),
-    Family.FOREACH: FamilySpec(Family.FOREACH, ("tensors", "numel"), (), log_space=False),
+    Family.FOREACH: FamilySpec(Family.FOREACH, ("tensors", "numel"), ("pattern",), log_space=False),
     Family.ELEMENTWISE: FamilySpec(Family.ELEMENTWISE, ("numel",), ("pattern",), log_space=False),
     Family.VIEW: FamilySpec(Family.VIEW, (), ()),
     Family.HOST: FamilySpec(Family.HOST, (), ()),
@@ -837,7 +837,11 @@ def _first_list(c: OpCall) -> list[TensorSpec]:
 
 def _foreach_features(c: OpCall) -> Features:
     lst = _first_list(c)
-    return {"tensors": len(lst), "numel": sum(t.numel for t in lst)}
+    feats: Features = {"tensors": len(lst), "numel": sum(t.numel for t in lst)}
+    same = [f"{i}={a.arg}" for i, a in enumerate(c.args) if isinstance(a, SameAs)]
+    if same:  # a list read twice is one stream of memory traffic, not two: its own category
+        feats["pattern"] = "same:" + ",".join(same)
+    return feats
 
 
 def _foreach_bytes(c: OpCall, f: Features) -> float:
@@ -873,6 +877,9 @@ def _foreach_call(op: str, n: int, total: int, dt: DType) -> OpCall:
     if op == "aten._foreach_addcmul_.Scalar":
         a, b, c = L(3)
         return OpCall(op, (a, b, c), (("value", 0.001),))
+    if op == "aten._foreach_addcmul_.Scalar/same":  # AdamW: exp_avg_sq += (1 - beta2) * grad * grad
+        a, b = L(2)
+        return OpCall(op.split("/")[0], (a, b, SameAs(1)), (("value", 0.001),))
     if op == "aten._foreach_sqrt.default":
         return OpCall(op, (L(1)[0],))
     if op == "aten._foreach_div_.ScalarList":
@@ -929,6 +936,8 @@ def _foreach_grid(op: str):
                 if total < n or total > FOREACH_TOTAL_CAP:
                     continue
                 yield _foreach_call(op, n, total, PRECISION_DTYPE[p])
+                if op == "aten._foreach_addcmul_.Scalar":
+                    yield _foreach_call(op + "/same", n, total, PRECISION_DTYPE[p])
     return grid
 
 

@@ -92,11 +92,22 @@ class Scalar:
         return {self.tag: self.value}
 
 
-ArgValue = Any  # TensorSpec | Scalar | int | float | bool | str | None | list[ArgValue]
+@dataclass(frozen=True)
+class SameAs:
+    """A list argument made of the very tensors of an earlier positional argument (AdamW's
+    `_foreach_addcmul_(exp_avg_sqs, grads, grads)`): the kernel reads them once from memory, not twice."""
+
+    arg: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"same": self.arg}
+
+
+ArgValue = Any  # TensorSpec | Scalar | SameAs | int | float | bool | str | None | list[ArgValue]
 
 
 def _encode(v: ArgValue) -> Any:
-    if isinstance(v, TensorSpec | Scalar):
+    if isinstance(v, TensorSpec | Scalar | SameAs):
         return v.to_json()
     if isinstance(v, list | tuple):
         return [_encode(x) for x in v]
@@ -110,6 +121,8 @@ def _decode(v: Any) -> ArgValue:
         if "T" in v:
             return TensorSpec.from_json(v)
         ((tag, value),) = v.items()
+        if tag == "same":
+            return SameAs(int(value))
         if tag == "float":
             return float(value)
         return Scalar(tag, value)

@@ -181,3 +181,43 @@ def test_dtensor_sequence_parallel_reduces_partial_norm_gradients_in_the_optimiz
     params = comp.stage_params(True, True, 4)
     items = comp.optimizer_items(params, 1)
     assert sum(1 for it in items if it.call.op == "comm.all_reduce") == 3 * (2 * 4 + 1)
+
+
+def test_softmax_backward_holds_the_cuda_kernels_temporary() -> None:
+    """CUDA's softmax backward computes grad * output into a temporary before its kernel: the peak during that
+    operator is its output plus one more gradient-sized tensor, while the live count after it has the output only."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from tp_query.engine.trace.capture import _Capture, _HostSet, _Recorder, rounded
+
+    with FakeTensorMode():
+        grad = torch.empty(2, 4, 64, 64, dtype=torch.float32)
+        out = torch.empty(2, 4, 64, 64, dtype=torch.float32)
+        cap = _Capture(_HostSet(), {})
+        cap.known([grad, out])
+        cap.active = True
+        cap.open_window("w")
+        with _Recorder(cap):
+            res = torch.ops.aten._softmax_backward_data.default(grad, out, -1, torch.float32)
+            size = rounded(2 * 4 * 64 * 64 * 4)
+            assert res.shape == grad.shape
+            assert cap.live == size  # the output stays; the temporary does not
+            assert cap.window_peak["w"] == cap.peak == 2 * size  # output and temporary at once
+            plain = torch.ops.aten.mul.Tensor(grad, out)  # no temporary registered: its output only
+            assert cap.live == cap.peak == 2 * size
+    del res, plain
+
+
+def test_megatron_attention_backward_peak_includes_the_softmax_temporary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Megatron's unfused attention under --bf16 takes its softmax in fp32; the layer's backward peaks in the softmax
+    backward, whose temporary adds one fp32 B x heads x S x S tensor to the transient (as on an H200: +4 GiB during
+    the op, +2 after it, for Llama-8B at 4096 tokens)."""
+    from tp_query.engine.trace import capture
+
+    def traced() -> Graph:
+        return trace_config(TraceRequest(LLAMA, Setting.MP_BF16, 1, 256, framework="megatron"))
+
+    with_tmp = traced().memory.layer_bwd_transient_bytes
+    monkeypatch.setattr(capture, "CUDA_IN_OP_TEMPORARIES", {})
+    without = traced().memory.layer_bwd_transient_bytes
+    assert with_tmp - without == LLAMA.num_heads * 256 * 256 * 4

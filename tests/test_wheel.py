@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,6 +19,9 @@ from .conftest import ROOT
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wheels = tmp_path_factory.mktemp("wheel")
+    # setuptools builds through ROOT/build/lib and never deletes from it: a data file removed or renamed since an
+    # earlier build would ship (and fail the manifest check). Build from nothing, as a clean clone does.
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT),
                         "-w", str(wheels)], capture_output=True, text=True, timeout=600)
     if r.returncode != 0:

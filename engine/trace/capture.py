@@ -192,6 +192,23 @@ CUDA_OUTPUT_FIXUPS: dict[str, Callable[[tuple[Any, ...], Any], Any]] = {
 }
 
 
+
+
+def _softmax_backward_tmp(args: tuple[Any, ...]) -> int:
+    """softmax_backward_cuda_out (aten/src/ATen/native/cuda/SoftMax.cu) computes `tmp = grad * output` before its
+    kernel: one more gradient-sized tensor live beside the output (a Megatron --bf16 step peaks there: +4 GiB
+    during the op, +2 after it, per-operator allocator counts on an H200, tools/mcore_op_memory.py)."""
+    grad, output = args[0], args[1]
+    dtype = torch.promote_types(grad.dtype, output.dtype)
+    return rounded(grad.numel() * dtype.itemsize)
+
+
+# Memory a CUDA kernel allocates and frees inside one operator (no aten call of its own reaches the dispatcher
+# on fake tensors): bytes live beside the operator's outputs at its peak.
+CUDA_IN_OP_TEMPORARIES: dict[str, Callable[[tuple[Any, ...]], int]] = {
+    "aten._softmax_backward_data.default": _softmax_backward_tmp,
+}
+
 _PLAIN_TYPES = (torch.Tensor, FakeTensor, torch.nn.Parameter)
 
 
@@ -306,6 +323,13 @@ class _Capture:
             self.window_peak[w] = max(self.window_peak.get(w, 0), self.live)
         return n
 
+    def transient(self, n: int) -> None:
+        """Bytes live for the duration of one operator only: they raise the peaks, not the live count."""
+        top = self.live + n
+        self.peak = max(self.peak, top)
+        for w in self._windows:
+            self.window_peak[w] = max(self.window_peak.get(w, 0), top)
+
     def known(self, tensors: list[torch.Tensor]) -> None:
         """Storages that exist before recording (weights, optimizer state, inputs, buffers): their views
         are not allocations."""
@@ -364,6 +388,9 @@ class _Capture:
             for w in list(self._windows):
                 if w.startswith("bwd_layer") and w != key:
                     self.close_window(w)
+        tmp = CUDA_IN_OP_TEMPORARIES.get(name)
+        if tmp is not None:
+            self.transient(tmp(args))
 
     def comm(self, kind: str, t: torch.Tensor, group: str) -> None:
         if not self.active:

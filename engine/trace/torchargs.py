@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from tp_query.schema.ops import IndexArg, index_args_of
 from tp_query.schema.precision import DTYPE_TO_TORCH_NAME, TORCH_NAME_TO_DTYPE, DType
-from tp_query.schema.signature import OpCall, Scalar, TensorSpec
+from tp_query.schema.signature import OpCall, SameAs, Scalar, TensorSpec
 
 _TORCH_DTYPES: dict[DType, torch.dtype] = {d: getattr(torch, n.split(".")[1]) for d, n in DTYPE_TO_TORCH_NAME.items()}
 _MEMORY_FORMATS = {
@@ -57,9 +57,21 @@ def encode_value(v: Any, is_host: Callable[[torch.Tensor], bool]) -> Any:
     return str(v)
 
 
+def _same_list(args: tuple[Any, ...], i: int) -> SameAs | None:
+    """A tensor list that is an earlier argument's tensors, one by one (not merely equal shapes)."""
+    a = args[i]
+    if not isinstance(a, list | tuple) or not a or not all(isinstance(t, torch.Tensor) for t in a):
+        return None
+    for j in range(i):
+        b = args[j]
+        if isinstance(b, list | tuple) and len(b) == len(a) and all(x is y for x, y in zip(a, b, strict=True)):
+            return SameAs(j)
+    return None
+
+
 def encode_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 is_host: Callable[[torch.Tensor], bool] = lambda t: t.device.type == "cpu") -> OpCall:
-    enc_args = tuple(encode_value(a, is_host) for a in args)
+    enc_args = tuple(_same_list(args, i) or encode_value(a, is_host) for i, a in enumerate(args))
     enc_kwargs = tuple(sorted((k, encode_value(v, is_host)) for k, v in kwargs.items()
                               if k not in ("device", "pin_memory")))
     return OpCall(str(func), enc_args, enc_kwargs)
@@ -134,6 +146,8 @@ def materialize(call: OpCall, device: torch.device) -> tuple[tuple[Any, ...], di
             raise ValueError(f"unknown scalar tag {v.tag}")
         return v
 
-    args = tuple(build(a, bounds.get(i)) for i, a in enumerate(call.args))
+    args: tuple[Any, ...] = ()
+    for i, a in enumerate(call.args):  # an argument that is an earlier one's tensors gets those very tensors
+        args += (args[a.arg] if isinstance(a, SameAs) else build(a, bounds.get(i)),)
     kwargs = {k: build(v, None) for k, v in call.kwargs}
     return args, kwargs
