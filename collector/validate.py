@@ -146,6 +146,44 @@ FAMILY_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
 }
 FAMILY_SETTINGS = ("amp_bf16", "bf16", "tf32")
 
+# Model types the engine knows only through transformers (ArchFamily.TRANSFORMERS): their public configs, cut to a
+# few layers; no signature campaign of their shapes (the grid alone prices them).
+OLMO2_7B = {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "hidden_size": 4096,
+            "intermediate_size": 11008, "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 32,
+            "vocab_size": 100352, "rms_norm_eps": 1e-6, "rope_theta": 500000, "max_position_embeddings": 4096,
+            "attention_bias": False, "tie_word_embeddings": False, "hidden_act": "silu", "pad_token_id": 100277}
+GRANITE3_8B = {"architectures": ["GraniteForCausalLM"], "model_type": "granite", "hidden_size": 4096,
+               "intermediate_size": 12800, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 40,
+               "vocab_size": 49155, "rms_norm_eps": 1e-5, "rope_theta": 10000000.0, "max_position_embeddings": 131072,
+               "embedding_multiplier": 12.0, "logits_scaling": 16.0, "residual_multiplier": 0.22,
+               "attention_multiplier": 0.0078125, "attention_bias": False, "mlp_bias": False,
+               "tie_word_embeddings": True, "hidden_act": "silu", "pad_token_id": 0}
+GEMMA_7B = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_size": 3072,
+            "intermediate_size": 24576, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
+            "num_hidden_layers": 28, "vocab_size": 256000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "max_position_embeddings": 8192, "hidden_activation": "gelu_pytorch_tanh", "pad_token_id": 0}
+GPT_OSS_20B = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
+               "intermediate_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+               "num_hidden_layers": 24, "vocab_size": 201088, "num_local_experts": 32, "num_experts_per_tok": 4,
+               "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12,
+               "rope_theta": 150000, "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                                      "beta_slow": 1.0, "original_max_position_embeddings": 4096},
+               "swiglu_limit": 7.0, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+               "attention_bias": True, "tie_word_embeddings": False, "router_aux_loss_coef": 0.9}
+STARCODER2_7B = {"architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "hidden_size": 4608,
+                 "intermediate_size": 18432, "num_attention_heads": 36, "num_key_value_heads": 4, "num_hidden_layers": 32,
+                 "vocab_size": 49152, "sliding_window": 4096, "hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-5,
+                 "use_bias": True, "rope_theta": 1000000.0, "max_position_embeddings": 16384,
+                 "bos_token_id": 0, "eos_token_id": 0}
+GENERIC_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
+    "olmo2-7b": (OLMO2_7B, 4, 1, 4096),
+    "granite3-8b": (GRANITE3_8B, 4, 1, 4096),
+    "gemma-7b": (GEMMA_7B, 4, 1, 4096),
+    "gpt-oss-20b": (GPT_OSS_20B, 4, 1, 4096),
+    "starcoder2-7b": (STARCODER2_7B, 4, 1, 4096),
+}
+GENERIC_SETTINGS = ("amp_bf16", "bf16")
+
 
 # torchao float8 training (eager), two families, both recipes; its operator calls profiled at other sequences
 FP8_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
@@ -171,7 +209,7 @@ def fp8_cases() -> list[Case]:
 
 
 def family_cases() -> list[Case]:
-    return held_out_cases(FAMILY_CASES, FAMILY_SETTINGS)
+    return held_out_cases(FAMILY_CASES, FAMILY_SETTINGS) + held_out_cases(GENERIC_CASES, GENERIC_SETTINGS)
 
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -183,7 +221,10 @@ MODELS: dict[str, dict[str, Any]] = {
 
 def layers_of(cfg: dict[str, Any], n: int) -> dict[str, Any]:
     key = "n_layer" if "n_layer" in cfg else "num_hidden_layers"
-    return {**cfg, key: n}
+    out = {**cfg, key: n}
+    if isinstance(cfg.get("layer_types"), list):  # transformers checks one kind per layer
+        out["layer_types"] = cfg["layer_types"][:n]
+    return out
 
 
 def tp_shard_config(cfg: dict[str, Any], tp: int) -> dict[str, Any]:
@@ -243,11 +284,12 @@ def default_cases() -> list[Case]:
 # ---------------------------------------------------------------------------------------------
 
 def _hf_model(cfg: dict[str, Any], dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    from tp_query.engine.trace.hf_models import attention_implementation
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hcfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
-    with device:
-        model = AutoModelForCausalLM.from_config(hcfg, dtype=dtype, attn_implementation="sdpa")
+    with device:  # SDPA, or eager where the model type has no SDPA path (as the engine's trace builds it)
+        model = AutoModelForCausalLM.from_config(hcfg, dtype=dtype, attn_implementation=attention_implementation(hcfg))
     model.train()
     return model
 

@@ -28,7 +28,7 @@ def megatron_model_flops(model: dict[str, Any], global_batch: int, seq_len: int)
     per iteration of `global_batch` sequences. Sliding windows are counted as full attention, as Megatron
     does."""
     dims = _dims(model)
-    if dims is None:
+    if dims is None or model.get("family") == "transformers":  # its blocks are transformers', not Megatron's GPT
         return None
     h, layers, heads, groups, head_dim, ffn, vocab = dims
     gated = 1.5 if model.get("gated_mlp", model.get("family") != "gpt2") else 1.0  # SwiGLU: three matrices
@@ -46,3 +46,11 @@ def megatron_model_flops(model: dict[str, Any], global_batch: int, seq_len: int)
 def parameter_count(model: dict[str, Any]) -> int | None:
     """Parameters of the whole model (every TP rank and stage together), from its config."""
     return _parameter_count(model)
+
+
+def graph_parameter_count(params: list[Any], traced_layers: int, num_layers: int) -> int:
+    """Parameters of the whole model from a traced graph's parameter records (uniform layers: each traced layer
+    stands for num_layers / traced_layers of them)."""
+    layer = sum(p.numel for p in params if p.section.value == "layer")
+    rest = sum(p.numel for p in params if p.section.value != "layer")
+    return rest + round(layer * num_layers / max(traced_layers, 1))

@@ -23,7 +23,7 @@ from tp_query.schema.system import SystemSpec
 from .comm import CommModel
 from .compose import Composer, StageWork, make_item
 from .dbcache import DatabaseError, DbSnapshot
-from .flops import megatron_model_flops, parameter_count
+from .flops import graph_parameter_count, megatron_model_flops, parameter_count
 from .framework import (
     INTERLEAVED_CHUNKS,
     Framework,
@@ -389,6 +389,11 @@ class _Assemble:
                                  "norm exceeds --clip-grad also scales every gradient (one more pass over them)")
         if self.eng.version_warning:
             self.warnings.append(self.eng.version_warning)
+        model = self.g.meta.model
+        if model.get("family") == "transformers":
+            self.warnings.append(f"{model.get('model_type')}: transformers' own module as the config builds it, a model "
+                                 f"type without a validation run here (its operators are priced from the database "
+                                 f"like any other; MFU is not computed)")
         self.warnings += [w for w in self.g.meta.extra.get("warnings", []) if w not in self.warnings]
         if self.eng.calibration_source.startswith("default"):
             self.warnings.append(f"host model: {self.eng.calibration_source}")
@@ -482,7 +487,10 @@ class _Assemble:
             dt, Precision.TF32 if st_.allow_tf32 else Precision.FP32)
         peak = (self.eng.gpu.datasheet_flops or self.eng.gpu.peak_flops).get(prec)
         per_gpu_model = model / secs / par.gpus if model and secs > 0 else None
-        return {"parameters": parameter_count(spec) if spec else None, "model_flops": model,
+        params = parameter_count(spec) if spec else None
+        if spec and params is None and g.meta.traced_layers and g.meta.tp == 1:
+            params = graph_parameter_count(list(g.params), g.meta.traced_layers, int(spec.get("num_layers", 0)))
+        return {"parameters": params, "model_flops": model,
                 "model_tflops_per_gpu": per_gpu_model / 1e12 if per_gpu_model else None,
                 "hardware_tflops_per_gpu": hw / secs / par.gpus / 1e12 if secs > 0 else None,
                 "mfu": per_gpu_model / peak if per_gpu_model and peak else None}
@@ -658,9 +666,9 @@ class _Assemble:
             return {"source": self.g.meta.source}
         megatron = self.par.framework == "megatron"
         out: dict[str, Any] = {
-            "family": m.get("family"),
+            "family": m.get("model_type") if m.get("family") == "transformers" else m.get("family"),
             "builder": "Megatron-Core local spec" if megatron else (
-                "transformers' own modules (SDPA)" if m.get("builder") == "hf" else "op-for-op copy of transformers"),
+                "transformers' own modules" if m.get("builder") == "hf" else "op-for-op copy of transformers"),
         }
         types = m.get("layer_types") or []
         if types:

@@ -36,6 +36,10 @@ class ArchFamily(StrEnum):
     MIXTRAL = "mixtral"
     QWEN2_MOE = "qwen2_moe"
     QWEN3_MOE = "qwen3_moe"
+    # any other decoder-only causal LM of transformers, built from its own module as the config gives it; no
+    # validation run of the model type itself, tensor parallelism refused (which of its sizes a rank divides
+    # is not known)
+    TRANSFORMERS = "transformers"
 
 
 class Builder(StrEnum):
@@ -140,6 +144,9 @@ class ModelSpec:
         if self.family == ArchFamily.GPT_NEOX:
             return ("TP>1 is not modelled for GPT-NeoX (its attention derives the head size from hidden_size / "
                     "heads, so a per-rank module cannot be built from a divided config)")
+        if self.family == ArchFamily.TRANSFORMERS:
+            return (f"TP>1 is modelled for the listed families only: which of {self.model_type}'s sizes a rank "
+                    f"divides is not known (DP, ZeRO/FSDP and PP are fine)")
         if sequence_parallel and self.builder == Builder.HF and self.layer_types:
             return f"sequence parallelism with {self.family}'s sliding-window layers is not modelled"
         return ""
@@ -240,9 +247,12 @@ def identify(cfg: dict[str, Any]) -> tuple[ArchFamily, str]:
     if isinstance(mt, str) and mt in MODEL_TYPES:
         return MODEL_TYPES[mt]
     what = ", ".join(archs) if archs else (mt if isinstance(mt, str) else "nothing")
+    if isinstance(mt, str) and mt and archs and all(a.endswith("ForCausalLM") for a in archs):
+        # a decoder-only model transformers knows by its model_type (checked when it is built)
+        return ArchFamily.TRANSFORMERS, mt
     supported = ", ".join(ARCHITECTURES)
-    raise ConfigError(f"unsupported architecture ({what}); supported: {supported}; "
-                      "for other models use `tp-query trace`")
+    raise ConfigError(f"unsupported architecture ({what}); supported: {supported}, or any other decoder-only "
+                      "*ForCausalLM of transformers with its model_type; for other models use `tp-query trace`")
 
 
 def _parse_gpt2(cfg: dict[str, Any], name: str, family: ArchFamily, model_type: str) -> ModelSpec:
@@ -283,10 +293,16 @@ def _layer_types(cfg: dict[str, Any], family: ArchFamily, model_type: str, n: in
                  ) -> tuple[str, ...]:
     """Which layers attend within the sliding window, as transformers 5.17's configs decide."""
     given = cfg.get("layer_types")
+    generic = family == ArchFamily.TRANSFORMERS
     if given is not None:
-        if not (isinstance(given, list) and len(given) >= n and all(x in (FULL, SLIDING) for x in given[:n])):
-            raise ConfigError(f"layer_types must list {n} of {FULL!r} / {SLIDING!r}")
+        ok = (lambda x: isinstance(x, str) and bool(x)) if generic else (lambda x: x in (FULL, SLIDING))
+        if not (isinstance(given, list) and len(given) >= n and all(ok(x) for x in given[:n])):
+            raise ConfigError(f"layer_types must list {n} of {FULL!r} / {SLIDING!r}" +
+                              (" (or the model type's own layer kinds)" if generic else ""))
         lt = tuple(given[:n])
+    elif generic and window is not None:
+        # which layers a window applies to is the model type's own rule in transformers; the trace checks it
+        lt = (SLIDING,) * n
     elif window is None:
         lt = (FULL,) * n
     elif family == ArchFamily.GEMMA2:
@@ -318,9 +334,12 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         head_dim = h // heads
     theta, rtype = _rope(cfg)
     n_layers = _pos_int("num_hidden_layers", _need(cfg, "num_hidden_layers"))
-    act = str(_need(cfg, *_ACT_KEYS.get(family, ("hidden_act",)), default=_ACT_DEFAULT.get(family, "silu")))
-    if act not in _ACTS:
+    act = str(_need(cfg, *_ACT_KEYS.get(family, ("hidden_act", "hidden_activation")),
+                    default=_ACT_DEFAULT.get(family, "silu")))
+    if act not in _ACTS and family != ArchFamily.TRANSFORMERS:  # transformers' own module applies its own
         raise ConfigError(f"hidden_act {act!r} is not supported for {model_type}")
+    if family == ArchFamily.TRANSFORMERS:
+        _refuse_mixed_layers(cfg)
     pad = cfg.get("pad_token_id")
     vocab = _pos_int("vocab_size", _need(cfg, "vocab_size"))
     sw = cfg.get("sliding_window")
@@ -348,12 +367,17 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
             raise ConfigError(f"num_experts_per_tok {top_k} exceeds the {experts} experts")
     inter = cfg.get("intermediate_size")
     ffn = _pos_int("intermediate_size", inter) if inter is not None else (moe_ffn if experts else None)
+    if ffn is None and family == ArchFamily.TRANSFORMERS:
+        ffn = 0  # the module's own sizes decide; parameters are counted from the traced graph
     if ffn is None:
         raise ConfigError("config is missing intermediate_size")
     native = family == ArchFamily.LLAMA and window is None
     if family == ArchFamily.LLAMA and window is not None:
         family = ArchFamily.MISTRAL if model_type == "mistral" else ArchFamily.QWEN2
-    hf_cfg = "" if native else json.dumps(_hf_config(cfg, model_type, layer_types), sort_keys=True)
+    # a model type known only to transformers keeps its own layer_types rule unless the config lists them (the
+    # trace checks the parser's reading against it)
+    given_types = layer_types if family != ArchFamily.TRANSFORMERS or "layer_types" in cfg else ()
+    hf_cfg = "" if native else json.dumps(_hf_config(cfg, model_type, given_types), sort_keys=True)
     return ModelSpec(
         name=name, family=family, model_type=model_type,
         vocab_size=vocab, hidden_size=h, num_layers=n_layers,
@@ -383,6 +407,23 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     )
 
 
+# Config keys by which transformers' model types mix dense and expert layers, or different blocks, along the depth
+# without a layer_types list: a traced cut of the first layers would stand for layers it does not contain.
+_MIXED_DEPTH_KEYS = ("first_k_dense_replace", "mlp_only_layers", "decoder_sparse_step", "interleave_moe_layer_step",
+                     "moe_layer_freq", "no_rope_layers", "no_rope_layer_interval", "hybrid_override_pattern",
+                     "layers_block_type", "attn_layer_indices", "full_attn_idxs")
+
+
+def _refuse_mixed_layers(cfg: dict[str, Any]) -> None:
+    for k in _MIXED_DEPTH_KEYS:
+        v = cfg.get(k)
+        trivial = v is None or v == [] or v == 0 or (k in ("decoder_sparse_step", "interleave_moe_layer_step",
+                                                            "moe_layer_freq") and v == 1)
+        if not trivial:
+            raise ConfigError(f"{k}: layers that differ along the depth are modelled for the listed families "
+                              f"only; for this model use `tp-query trace`")
+
+
 # Keys never passed to transformers' config (they describe weights or serving, not the training graph).
 _HF_DROP = ("architectures", "torch_dtype", "dtype", "transformers_version", "auto_map", "quantization_config",
             "_name_or_path", "text_config", "vision_config")
@@ -407,7 +448,10 @@ def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
 
 
 def parameter_count(model: dict[str, Any]) -> int | None:
-    """Parameters of the whole model (every TP rank and stage together) from a parsed spec's fields."""
+    """Parameters of the whole model (every TP rank and stage together) from a parsed spec's fields (None for a
+    model type known only to transformers: its graph counts them, engine.flops.graph_parameter_count)."""
+    if model.get("family") == ArchFamily.TRANSFORMERS.value:
+        return None
     try:
         h, layers, heads, kv, hd, ffn, vocab = (int(model[k]) for k in (
             "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size"))

@@ -35,7 +35,7 @@ from tp_query.engine.graph import (
     sequence_parallel_norm,
 )
 from tp_query.engine.request import OPTIMIZERS
-from tp_query.schema.model_config import ModelSpec
+from tp_query.schema.model_config import ArchFamily, ModelSpec
 from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
 
@@ -436,6 +436,10 @@ def _storage_bytes(tensors: list[torch.Tensor]) -> int:
 
 def _validate(req: TraceRequest) -> None:
     s = req.spec
+    if s.family == ArchFamily.TRANSFORMERS:
+        from .hf_models import check_layer_kinds
+
+        check_layer_kinds(s)
     if req.framework not in ("torch", "megatron"):
         raise TraceError(f"unknown framework {req.framework!r}: torch or megatron")
     if req.framework == "megatron" and req.setting.value not in MEGATRON_SETTINGS and \

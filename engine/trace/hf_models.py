@@ -112,7 +112,7 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     cfg["num_hidden_layers"] = spec.num_layers
     if spec.layer_types:
         cfg["layer_types"] = list(spec.layer_types)
-    if "head_dim" not in cfg and spec.family != ArchFamily.GPT_NEOX:
+    if "head_dim" not in cfg and spec.family not in (ArchFamily.GPT_NEOX, ArchFamily.TRANSFORMERS):
         cfg["head_dim"] = spec.head_dim
     if shard.tp > 1:
         if spec.family in _NO_TP:
@@ -124,7 +124,52 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
                 cfg[k] //= shard.tp
         cfg["pad_token_id"] = None  # a padding row belongs to one vocabulary shard (as the native builder)
     mt = cfg.pop("model_type")
-    return AutoConfig.for_model(mt, **cfg)
+    try:
+        return AutoConfig.for_model(mt, **cfg)
+    except Exception as e:  # a model type's own config checks, in one line
+        raise ConfigError(f"transformers {_transformers().__version__} cannot build a {mt!r} config: "
+                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def attention_implementation(cfg: Any) -> str:
+    """SDPA, as transformers picks by default, or eager for a model type whose attention SDPA cannot express
+    (GPT-OSS's attention sinks): what `from_config` without an attn_implementation builds on a GPU."""
+    cls = _transformers().AutoModelForCausalLM._model_mapping.get(type(cfg), None)
+    return "sdpa" if cls is None or getattr(cls, "_supports_sdpa", True) else "eager"
+
+
+def check_layer_kinds(spec: ModelSpec) -> None:
+    """A model type known only to transformers decides itself which layers slide when its config has no
+    layer_types: what the spec assumed (every layer, where a window is given) must be what transformers builds."""
+    if spec.family != ArchFamily.TRANSFORMERS:
+        return
+    other = [k for k in dict.fromkeys(spec.layer_types) if k not in ("full_attention", "sliding_attention")]
+    if other:
+        raise ConfigError(f"{spec.model_type}: layers of kind {', '.join(other)} (recurrent or linear attention, "
+                          f"whose kernels come from optional packages) are not modelled")
+    cfg = json.loads(spec.hf_config)
+    if "layer_types" in cfg:
+        return  # the config says, and the parser read it
+    cfg["num_hidden_layers"] = spec.num_layers
+    mt = cfg.pop("model_type")
+    try:
+        own = getattr(_transformers().AutoConfig.for_model(mt, **cfg), "layer_types", None)
+    except Exception as e:  # a model type's own config checks, in one line
+        raise ConfigError(f"transformers {_transformers().__version__} cannot build a {mt!r} config: "
+                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    assumed = list(spec.layer_types) or ["full_attention"] * spec.num_layers
+    if own is not None and list(own)[:spec.num_layers] != assumed:
+        kinds = {k: list(own).count(k) for k in dict.fromkeys(own)}
+        raise ConfigError(f"{mt}: transformers builds its layers as {kinds}, not as the config reads; give "
+                          f"layer_types in the config")
+
+
+def _find(obj: nn.Module, names: tuple[str, ...], what: str, mt: str) -> Any:
+    for n in names:
+        if hasattr(obj, n):
+            return getattr(obj, n)
+    raise ConfigError(f"transformers' {mt} module has no {what} ({' / '.join(names)}) where decoder models keep "
+                      f"it; for this model use `tp-query trace`")
 
 
 class _Section(nn.Module):
@@ -141,17 +186,27 @@ class HFCausalLM(nn.Module):
         AutoModelForCausalLM = _transformers().AutoModelForCausalLM
 
         _patch_packed_check()
-        if spec.is_moe:
+        self.generic = spec.family == ArchFamily.TRANSFORMERS
+        if spec.is_moe or self.generic:
             _patch_grouped_mm_cuda_path()
         self.spec, self.shard = spec, shard
-        hf = AutoModelForCausalLM.from_config(hf_config_for(spec, shard), attn_implementation="sdpa")
+        cfg = hf_config_for(spec, shard)
+        try:
+            hf = AutoModelForCausalLM.from_config(cfg, attn_implementation=attention_implementation(cfg))
+        except Exception as e:  # a model type's own construction checks, in one line
+            raise ConfigError(f"transformers cannot build {spec.model_type!r} for causal-LM training: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         base = hf.base_model
+        mt = spec.model_type
         self.embed = _Section()
         self.embed.embed_tokens = base.get_input_embeddings()
-        self.layers = base.layers
+        self.layers = _find(base, ("layers", "h", "blocks"), "decoder layer list", mt)
         self.head = _Section()
-        self.head.norm = base.norm if hasattr(base, "norm") else base.final_layer_norm
+        self.head.norm = _find(base, ("norm", "final_layer_norm", "final_layernorm", "ln_f"), "final norm", mt)
         self.head.lm_head = hf.get_output_embeddings()
+        if not isinstance(self.layers, nn.ModuleList) or not isinstance(self.head.lm_head, nn.Linear):
+            raise ConfigError(f"transformers' {mt} module is not a plain decoder (layer list and LM head); for this "
+                              f"model use `tp-query trace`")
         self.hf = hf
         self.base = base
         self.final_softcap = getattr(hf.config, "final_logit_softcapping", None)
@@ -216,6 +271,8 @@ class HFCausalLM(nn.Module):
 
     # -- forward ----------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.generic:  # the model type's own head and loss (its logit scalings included), as a user's step runs
+            return cast(torch.Tensor, self.hf(input_ids=input_ids, labels=labels, use_cache=False).loss)
         kw: dict[str, Any] = {}
         if self.region.sp:  # the embedding's output holds seq/TP tokens: positions come from the full sequence
             kw["position_ids"] = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)

@@ -1,0 +1,103 @@
+"""Decoder-only model types the spec registry does not list, known only to transformers (ArchFamily.TRANSFORMERS):
+built from transformers' own module as their config gives it, traced op for op as transformers' own CausalLM step
+runs; what cannot be told from the config (tensor parallelism, layers that differ along the depth, recurrent
+layer kinds) is refused in one line."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from tp_query.engine.trace.capture import TraceRequest, trace_config
+from tp_query.schema.model_config import ArchFamily, Builder, ConfigError, parse_config
+from tp_query.schema.precision import Setting
+
+from .conftest import trace_hf_causal_lm
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+_SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 256}
+GENERIC: dict[str, dict] = {
+    "olmo2": {**_SMALL, "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "pad_token_id": 1},
+    "granite": {**_SMALL, "architectures": ["GraniteForCausalLM"], "model_type": "granite", "embedding_multiplier": 12.0,
+                "logits_scaling": 16.0, "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
+                "pad_token_id": 0},
+    "gemma": {**_SMALL, "architectures": ["GemmaForCausalLM"], "model_type": "gemma", "head_dim": 32, "pad_token_id": 0},
+    "starcoder2": {**_SMALL, "architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "sliding_window": 16,
+                   "use_bias": True, "bos_token_id": 0, "eos_token_id": 0},
+}
+
+
+@pytest.mark.parametrize("name", sorted(GENERIC))
+def test_model_type_traces_as_transformers_runs_it(name: str) -> None:
+    cfg = GENERIC[name]
+    spec = parse_config(cfg)
+    assert spec.family == ArchFamily.TRANSFORMERS and spec.builder == Builder.HF and spec.model_type == name
+    ours = trace_config(TraceRequest(spec, Setting.BF16, 2, 32, traced_layers=spec.num_layers))
+    from tp_query.engine.trace.hf_models import _patch_packed_check, hf_config_for
+    from tp_query.engine.trace.models import Shard
+
+    _patch_packed_check()
+    theirs = trace_hf_causal_lm(hf_config_for(spec, Shard()), cfg["vocab_size"], Setting.BF16, 2, 32)
+    for phase in ("fwd", "bwd", "opt"):
+        a = Counter((o.op, o.sig) for o in ours.ops if o.phase.value == phase)
+        b = Counter((o.op, o.sig) for o in theirs.ops if o.phase.value == phase)  # type: ignore[attr-defined]
+        extra, missing = a - b, b - a
+        extra.pop(("aten._local_scalar_dense.default", '{"a":[{"T":[],"d":"bool"}]}'), None)  # packed check's read
+        assert not extra and not missing, (phase, list(extra.items())[:3], list(missing.items())[:3])
+
+
+def test_parameters_are_counted_from_the_graph() -> None:
+    """No formula knows a model type's blocks: the parameters come from the traced layers, scaled to the depth."""
+    from tp_query.engine.flops import graph_parameter_count
+    from tp_query.engine.trace.hf_models import hf_config_for
+    from tp_query.engine.trace.models import Shard
+    from tp_query.schema.model_config import parameter_count
+
+    cfg = {**GENERIC["olmo2"], "num_hidden_layers": 6}
+    spec = parse_config(cfg)
+    assert parameter_count(spec.to_dict()) is None
+    g = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
+    assert g.meta.traced_layers == 2
+    real = transformers.AutoModelForCausalLM.from_config(hf_config_for(spec, Shard()))
+    assert graph_parameter_count(list(g.params), g.meta.traced_layers, 6) == sum(p.numel() for p in real.parameters())
+
+
+def test_what_the_config_cannot_tell_is_refused() -> None:
+    spec = parse_config(GENERIC["olmo2"])
+    assert "TP>1" in spec.split_refusal(2, False) and spec.split_refusal(1, False) == ""
+    with pytest.raises(ConfigError, match="first_k_dense_replace"):  # dense layers before expert layers
+        parse_config({**GENERIC["olmo2"], "first_k_dense_replace": 1})
+    with pytest.raises(ConfigError, match="unsupported architecture"):  # not a causal LM head
+        parse_config({**GENERIC["olmo2"], "architectures": ["Olmo2Model"]})
+    with pytest.raises(ConfigError, match="cannot build"):  # a model type transformers does not know
+        trace_config(TraceRequest(parse_config({**GENERIC["olmo2"], "model_type": "no_such_model"}), Setting.BF16, 1, 32))
+    with pytest.raises(ConfigError, match="linear_attention"):  # recurrent layer kinds
+        trace_config(TraceRequest(parse_config({**GENERIC["olmo2"], "layer_types": ["linear_attention", "full_attention"]}),
+                                  Setting.BF16, 1, 32))
+
+
+def test_a_window_rule_of_the_model_type_must_match_the_reading() -> None:
+    """Cohere-2 alternates sliding and global layers by its own rule when the config lists no layer_types: the parser's
+    reading (every layer slides) is checked against what transformers builds, and refused where they differ."""
+    base = {**_SMALL, "architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "sliding_window": 16,
+            "num_hidden_layers": 4, "pad_token_id": 0}
+    own = transformers.AutoConfig.for_model(**{k: v for k, v in base.items() if k != "architectures"})
+    if getattr(own, "layer_types", None) is None or len(set(own.layer_types)) < 2:
+        pytest.skip("this transformers' cohere2 config lists no alternating layer kinds")
+    with pytest.raises(ConfigError, match="give layer_types"):
+        trace_config(TraceRequest(parse_config(base), Setting.BF16, 1, 32))
+    listed = parse_config({**base, "layer_types": list(own.layer_types)})  # saying it explicitly is fine
+    g = trace_config(TraceRequest(listed, Setting.BF16, 1, 32))
+    assert set(g.meta.extra["traced_layer_types"]) == set(own.layer_types)
+
+
+def test_a_model_type_without_sdpa_is_built_eager() -> None:
+    from tp_query.engine.trace.hf_models import attention_implementation
+
+    oss = transformers.AutoConfig.for_model("gpt_oss", hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                                            head_dim=32, num_hidden_layers=2, vocab_size=512)
+    assert attention_implementation(oss) == "eager"
+    assert attention_implementation(transformers.AutoConfig.for_model("olmo2")) == "sdpa"
