@@ -182,7 +182,7 @@ GENERIC_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
     "gpt-oss-20b": (GPT_OSS_20B, 4, 1, 4096),
     "starcoder2-7b": (STARCODER2_7B, 4, 1, 4096),
 }
-GENERIC_SETTINGS = ("amp_bf16", "bf16")
+GENERIC_SETTINGS = ("amp_bf16", "bf16", "tf32", "amp_fp16")
 
 
 # torchao float8 training (eager), two families, both recipes; its operator calls profiled at other sequences

@@ -285,7 +285,7 @@ class _FamilyPoints:
         effs = [p.eff_cold for ps in self.loose.values() for p in ps]
         self.default_eff = statistics.median(effs) if effs else 0.5
         self._cats: dict[tuple[Any, ...], Category] = {}
-        self._slowdowns: dict[str, Category] = {}
+        self._slowdowns: dict[tuple[Any, ...], Category] = {}
 
     def _category(self, key: tuple[Any, ...], pts: list[Point]) -> Category:
         cat = self._cats.get(key)
@@ -302,9 +302,12 @@ class _FamilyPoints:
         if sk in self.strict:
             c, w, src, n = self._category(("s", *sk), self.strict[sk]).estimate(ax, roof)
             return Estimate(c, w, src, n)
-        if base in self.loose:  # same operator and dtypes, other family-exact features: held, and said so
-            c, w, _, n = self._category(("l", *base), self.loose[base]).estimate(ax, roof)
-            return Estimate(c, w, Source.EXTRAPOLATED, n)
+        if base in self.loose and roof > 0:
+            # same operator and dtypes, other family-exact features (a causal mask, a layout, another head size):
+            # their work differs, so what carries over is the efficiency against each one's own roofline, held
+            # at these axes, and said so
+            c, w, n = self._held_efficiency(("l", *base), self.loose[base], ax)
+            return Estimate(roof * c, roof * w, Source.EXTRAPOLATED, n)
         pk = (q.op, str(q.info.precision))
         if pk in self.by_op:  # same operator in other dtypes
             c, w, _, n = self._category(("o", *pk), self.by_op[pk]).estimate(ax, roof)
@@ -312,15 +315,24 @@ class _FamilyPoints:
         if q.op in self.by_name and roof > 0:
             # the same operator in another precision: its efficiency against its own roofline, held at these
             # axes (a memory-bound kernel moves bytes about as well in fp32 as in bf16)
-            slow = self._slowdowns.get(q.op)
-            if slow is None:
-                slow = self._slowdowns[q.op] = Category(
-                    [Point(p.axes, p.cold_us / p.roofline_us, p.warm_us / p.roofline_us, 1.0)
-                     for p in self.by_name[q.op] if p.roofline_us > 0], self.spec.log_space)
-            if slow.points:
-                c, w, _, n = slow.estimate(ax, 1.0)
+            c, w, n = self._held_efficiency(("n", q.op), self.by_name[q.op], ax)
+            if n:
                 return Estimate(roof * c, roof * w, Source.EXTRAPOLATED, n)
         return Estimate(roof / self.default_eff, roof / self.default_eff, Source.MISS, 0)
+
+    def _held_efficiency(self, key: tuple[Any, ...], pts: list[Point], ax: tuple[float, ...]
+                         ) -> tuple[float, float, int]:
+        """Time over roofline (cold, warm) blended at these axes from points of other categories: multiply by a
+        query's own roofline."""
+        slow = self._slowdowns.get(key)
+        if slow is None:
+            slow = self._slowdowns[key] = Category(
+                [Point(p.axes, p.cold_us / p.roofline_us, p.warm_us / p.roofline_us, 1.0)
+                 for p in pts if p.roofline_us > 0], self.spec.log_space)
+        if not slow.points:
+            return 0.0, 0.0, 0
+        c, w, _, n = slow.estimate(ax, 1.0)
+        return c, w, n
 
 
 def _prec(s: str) -> Any:

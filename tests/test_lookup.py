@@ -173,3 +173,30 @@ def test_same_operator_in_another_precision_before_a_miss() -> None:
     assert e.cold_us == pytest.approx(info.bytes / 3e12 * 1e6, rel=1e-9)
     other = OpCall("aten.sigmoid.default", (TensorSpec((n,), DType.FP32),))
     assert lm.estimate([Query("s", other.op, describe(other, False))])["s"].source == Source.MISS
+
+
+def test_other_exact_features_hold_efficiency_not_latency() -> None:
+    """A causal attention priced from non-causal points only (Gemma-7B's fp32 attention, whose head size the grid
+    has for sliding-window masks only): the categories' work differs by half, so the efficiency against each
+    one's own roofline carries over, not the latency (which put it at twice a real step's time)."""
+    from tp_query.schema.ops import attention_fwd_call
+
+    op = "aten._scaled_dot_product_efficient_attention.default"
+    peak = H200.peak_flops[Precision.FP32]
+    rows = []
+    for h in (4, 8, 16, 32):
+        for s in (1024, 2048, 4096, 8192):
+            call = attention_fwd_call(op, 1, h, h, s, 256, DType.FP32, causal=False)
+            info = describe(call, False)
+            t = info.flops / (0.4 * peak) * 1e6  # 40% of peak
+            rows.append({"key": f"a{h}-{s}", "op": op, "family": "attention", "precision": "fp32", "math_mode": "",
+                         "dtypes": info.dtypes, "flops": info.flops, "bytes": info.bytes, "latency_us": t,
+                         "latency_warm_us": t, **info.features})
+    lm = LatencyModel(FakeDb(rows), H200)
+    causal = attention_fwd_call(op, 1, 16, 16, 4096, 256, DType.FP32, causal=True)
+    full = attention_fwd_call(op, 1, 16, 16, 4096, 256, DType.FP32, causal=False)
+    ci, fi = describe(causal, False), describe(full, False)
+    assert ci.flops == pytest.approx(fi.flops / 2)
+    e = lm.estimate([Query("c", op, ci)])["c"]
+    assert e.source == Source.EXTRAPOLATED
+    assert e.cold_us == pytest.approx(ci.flops / (0.4 * peak) * 1e6, rel=1e-9)
