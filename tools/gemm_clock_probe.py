@@ -3,7 +3,7 @@ around every call), from an idle GPU, then trains that alternate the GEMM with m
 share of its length, with NVML's SM clock and power sampled beside them, and the energy counter over each train. Evidence for a clock model of a
 step (docs/validation-notes.md section 14: dense steps run layer GEMMs slower, and single long GEMMs faster,
 than a campaign point timed back to back).
-    python3 tools/gemm_clock_probe.py OUT        (on a GPU; writes OUT/gemm-clock.json)"""
+    python3 tools/gemm_clock_probe.py OUT [DTYPES]   (on a GPU; writes OUT/gemm-clock.json; DTYPES e.g. fp32,tf32)"""
 from __future__ import annotations
 
 import json
@@ -12,11 +12,12 @@ import threading
 import time
 from pathlib import Path
 
-SHAPES = (  # (m, n, k, dtype): an LM head, a layer GEMM, a large fp16 FFN GEMM, a TF32 layer GEMM
+SHAPES = (  # (m, n, k, dtype): an LM head, a layer GEMM, a large fp16 FFN GEMM, a TF32 and an fp32 (SIMT) one
     (4096, 128256, 4096, "bfloat16"),
     (4096, 14336, 4096, "bfloat16"),
     (8192, 18944, 3584, "float16"),
     (4096, 14336, 4096, "tf32"),
+    (4096, 4096, 4096, "fp32"),
 )
 TRAIN_S = 1.5
 DUTIES = (0.25, 1.0, 3.0)  # memory-bound copy time per unit of GEMM time between GEMMs (-1: copies alone)
@@ -64,9 +65,12 @@ def main(out: Path) -> None:
     e0 = energy_mj()
     time.sleep(2.0)
     res["idle_w"] = [(energy_mj() - e0) / 2e3]
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None  # dtypes to run (default all)
     for m, n, k, name in SHAPES:
+        if only and name not in only:
+            continue
         torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
-        dt = torch.float32 if name == "tf32" else getattr(torch, name)
+        dt = torch.float32 if name in ("tf32", "fp32") else getattr(torch, name)
         a = torch.randn(m, k, device=dev, dtype=dt) * 0.02
         b = torch.randn(k, n, device=dev, dtype=dt) * 0.02
         c = torch.empty(m, n, device=dev, dtype=dt)
