@@ -101,3 +101,11 @@ def test_a_model_type_without_sdpa_is_built_eager() -> None:
                                             head_dim=32, num_hidden_layers=2, vocab_size=512)
     assert attention_implementation(oss) == "eager"
     assert attention_implementation(transformers.AutoConfig.for_model("olmo2")) == "sdpa"
+
+
+def test_expert_options_are_refused_for_a_model_type_known_only_to_transformers() -> None:
+    spec = parse_config(GENERIC["olmo2"])
+    with pytest.raises(ValueError, match="moe-imbalance"):
+        trace_config(TraceRequest(spec, Setting.BF16, 1, 32, moe_imbalance=1.5))
+    with pytest.raises(ValueError, match="expert parallelism"):
+        trace_config(TraceRequest(spec, Setting.MP_BF16, 1, 32, ep=2, framework="megatron"))

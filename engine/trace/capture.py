@@ -451,12 +451,17 @@ def _validate(req: TraceRequest) -> None:
                          "Transformer Engine, which is not modelled")
     if req.ep < 1:
         raise TraceError("EP must be positive")
+    if req.ep > 1 and s.family == ArchFamily.TRANSFORMERS:
+        raise TraceError(f"--ep {req.ep}: expert parallelism is modelled for the listed MoE families under Megatron-Core, "
+                         f"not for {s.model_type}")
     if req.ep > 1 and not s.is_moe:
         raise TraceError(f"--ep {req.ep} needs a mixture-of-experts model; {s.family.value} has no routed experts")
     if req.ep > 1 and req.framework != "megatron":
         raise TraceError("expert parallelism is modelled as Megatron-Core runs it (all-to-all token dispatcher): "
                          "use --framework megatron; PyTorch-native EP is not modelled")
     if req.moe_imbalance != 1.0:
+        if s.family == ArchFamily.TRANSFORMERS:
+            raise TraceError(f"--moe-imbalance is modelled for the listed MoE families, not for {s.model_type}")
         if not s.is_moe:
             raise TraceError("--moe-imbalance needs a mixture-of-experts model")
         top = s.num_experts / s.experts_per_token
