@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 from tp_query.schema.gpus import GpuSpec, gpu_spec
+from tp_query.schema.model_config import ArchFamily, family_label
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
 from tp_query.schema.system import SystemSpec
@@ -390,7 +391,7 @@ class _Assemble:
         if self.eng.version_warning:
             self.warnings.append(self.eng.version_warning)
         model = self.g.meta.model
-        if model.get("family") == "transformers":
+        if model.get("family") == ArchFamily.TRANSFORMERS.value:
             self.warnings.append(f"{model.get('model_type')}: transformers' own module as the config builds it, a model "
                                  f"type without a validation run here (its operators are priced from the database "
                                  f"like any other; MFU is not computed)")
@@ -666,7 +667,7 @@ class _Assemble:
             return {"source": self.g.meta.source}
         megatron = self.par.framework == "megatron"
         out: dict[str, Any] = {
-            "family": m.get("model_type") if m.get("family") == "transformers" else m.get("family"),
+            "family": family_label(m),
             "builder": "Megatron-Core local spec" if megatron else (
                 "transformers' own modules" if m.get("builder") == "hf" else "op-for-op copy of transformers"),
         }

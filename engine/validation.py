@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tp_query.schema.model_config import ConfigError, parse_config
+from tp_query.schema.model_config import ConfigError, family_label, parse_config
 from tp_query.schema.precision import Setting
 
 from .framework import FIRST_MACHINE
@@ -144,8 +144,7 @@ class Study:
                            kernel_breakdown=_breakdown(r.get("kernel_breakdown_json")))
             c.machine = r.get("machine") or ""
             try:
-                fam = parse_config(shard_cfg)
-                c.family = fam.model_type if fam.family.value == "transformers" else fam.family.value
+                c.family = family_label(parse_config(shard_cfg).to_dict())
             except ConfigError:
                 c.family = ""
             accum = int(r.get("accum") or 1)

@@ -447,6 +447,13 @@ def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
     return _parse_decoder(cfg, name, family, model_type)
 
 
+def family_label(model: dict[str, Any]) -> str:
+    """How reports name a parsed spec's family: a model type known only to transformers by its model_type."""
+    if model.get("family") == ArchFamily.TRANSFORMERS.value:
+        return str(model.get("model_type"))
+    return str(model.get("family"))
+
+
 def parameter_count(model: dict[str, Any]) -> int | None:
     """Parameters of the whole model (every TP rank and stage together) from a parsed spec's fields (None for a
     model type known only to transformers: its graph counts them, engine.flops.graph_parameter_count)."""

@@ -192,8 +192,6 @@ CUDA_OUTPUT_FIXUPS: dict[str, Callable[[tuple[Any, ...], Any], Any]] = {
 }
 
 
-
-
 def _softmax_backward_tmp(args: tuple[Any, ...]) -> int:
     """softmax_backward_cuda_out (aten/src/ATen/native/cuda/SoftMax.cu) computes `tmp = grad * output` before its
     kernel: one more gradient-sized tensor live beside the output (a Megatron --bf16 step peaks there: +4 GiB

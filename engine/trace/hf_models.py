@@ -106,8 +106,6 @@ def _patch_grouped_mm_cuda_path() -> None:
 def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     """transformers' config of the module one rank runs (layers as `spec.num_layers` / layer_types)."""
     quiet_imports()
-    AutoConfig = _transformers().AutoConfig
-
     cfg = json.loads(spec.hf_config)
     cfg["num_hidden_layers"] = spec.num_layers
     if spec.layer_types:
@@ -123,12 +121,23 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
                     raise UnsupportedSplit(f"{k} {cfg[k]} is not divisible by TP={shard.tp}")
                 cfg[k] //= shard.tp
         cfg["pad_token_id"] = None  # a padding row belongs to one vocabulary shard (as the native builder)
+    return _config_object(cfg)
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _config_object(cfg: dict[str, Any]) -> Any:
+    """transformers' config object of a config.json dict (its `model_type` included), or a one-line refusal
+    carrying the model type's own check."""
+    cfg = dict(cfg)
     mt = cfg.pop("model_type")
     try:
-        return AutoConfig.for_model(mt, **cfg)
+        return _transformers().AutoConfig.for_model(mt, **cfg)
     except Exception as e:  # a model type's own config checks, in one line
         raise ConfigError(f"transformers {_transformers().__version__} cannot build a {mt!r} config: "
-                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                          f"{_first_line(e)}") from None
 
 
 def attention_implementation(cfg: Any) -> str:
@@ -151,16 +160,11 @@ def check_layer_kinds(spec: ModelSpec) -> None:
     if "layer_types" in cfg:
         return  # the config says, and the parser read it
     cfg["num_hidden_layers"] = spec.num_layers
-    mt = cfg.pop("model_type")
-    try:
-        own = getattr(_transformers().AutoConfig.for_model(mt, **cfg), "layer_types", None)
-    except Exception as e:  # a model type's own config checks, in one line
-        raise ConfigError(f"transformers {_transformers().__version__} cannot build a {mt!r} config: "
-                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    own = getattr(_config_object(cfg), "layer_types", None)
     assumed = list(spec.layer_types) or ["full_attention"] * spec.num_layers
     if own is not None and list(own)[:spec.num_layers] != assumed:
         kinds = {k: list(own).count(k) for k in dict.fromkeys(own)}
-        raise ConfigError(f"{mt}: transformers builds its layers as {kinds}, not as the config reads; give "
+        raise ConfigError(f"{spec.model_type}: transformers builds its layers as {kinds}, not as the config reads; give "
                           f"layer_types in the config")
 
 
@@ -195,7 +199,7 @@ class HFCausalLM(nn.Module):
             hf = AutoModelForCausalLM.from_config(cfg, attn_implementation=attention_implementation(cfg))
         except Exception as e:  # a model type's own construction checks, in one line
             raise ConfigError(f"transformers cannot build {spec.model_type!r} for causal-LM training: "
-                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                              f"{_first_line(e)}") from None
         base = hf.base_model
         mt = spec.model_type
         self.embed = _Section()
