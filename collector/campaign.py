@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tp_query.schema.messages import first_line
 from tp_query.schema.ops import FEATURE_COLUMNS, Family
 from tp_query.schema.tables import OPS_SCHEMA, Provenance
 
@@ -91,7 +92,7 @@ def _check_healthy() -> None:
         (torch.ones(8, device="cuda") * 2).sum().item()
         torch.randn(8, device="cuda").sum().item()  # the default generator is usable too
     except Exception as e:
-        raise CampaignAbort(f"CUDA context unusable after an operator error: {str(e).splitlines()[0]}") from None
+        raise CampaignAbort(f"CUDA context unusable after an operator error: {first_line(e)}") from None
 
 
 def measure_point(p: Point, device: Device, timer: Timer | ClosedFormTimer, run: int, prov: Provenance

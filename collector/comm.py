@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tp_query.schema.gpus import bus_factor
+from tp_query.schema.messages import first_line
 from tp_query.schema.tables import COMM_SCHEMA
 
 from .device import Device
@@ -155,7 +156,7 @@ def run_comm_campaign(out: Path, gpu: str, tiny: bool = False, budget_s: float |
             except torch.OutOfMemoryError:
                 status, reason = "oom", "out of memory"
             except RuntimeError as e:
-                status, reason = "error", str(e).splitlines()[0][:300]
+                status, reason = "error", first_line(e)[:300]
             if rank == 0 and store is not None:
                 med = statistics.median(samples) if samples else None
                 store.append({

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from tp_query.engine.trace import cuda_composites as sdpa
 from tp_query.engine.trace.autocast_cuda import load_policy
+from tp_query.schema.messages import first_line
 
 from .device import Device
 
@@ -53,7 +54,7 @@ def sdpa_checks(dev: torch.device) -> list[dict[str, Any]]:
             got = _BACKEND_OF[ran[0]] if ran else "math"
             err = ""
         except Exception as e:
-            got, err = "error", str(e).splitlines()[0][:200]
+            got, err = "error", first_line(e)[:200]
         want = sdpa.choose_backend(q.detach().to("meta"), k.detach().to("meta"), v.detach().to("meta"),
                                    mask.to("meta") if mask is not None else None, p, not masked, gqa)
         out.append({"dtype": str(dtype), "head_dim": d, "gqa": gqa, "masked": masked, "dropout": p, "gpu": got,

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tp_query.schema import manifest
+from tp_query.schema.messages import first_line
 from tp_query.schema.tables import METADATA_KEY, Provenance
 
 
@@ -73,7 +74,7 @@ def read_columns(path: Path, columns: list[str]) -> pa.Table:
                 t = t.append_column(c, pa.nulls(t.num_rows, pa.string()))
         return t.select(columns)
     except Exception as e:
-        raise StoreError(f"corrupt or unreadable Parquet file {path}: {str(e).splitlines()[0]}") from None
+        raise StoreError(f"corrupt or unreadable Parquet file {path}: {first_line(e)}") from None
 
 
 class ChunkedStore:
@@ -107,7 +108,7 @@ class ChunkedStore:
             try:
                 pq.read_metadata(p)
             except Exception as e:
-                raise StoreError(f"corrupt or unreadable Parquet file {p}: {str(e).splitlines()[0]}") from None
+                raise StoreError(f"corrupt or unreadable Parquet file {p}: {first_line(e)}") from None
         self._recover()
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tp_query.engine.trace.fp8 import convert_fp8
 from tp_query.engine.trace.torchargs import encode_call, torch_dtype
+from tp_query.schema.messages import first_line
 from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.tables import OPLOG_SCHEMA, VALIDATION_SCHEMA
 
@@ -469,7 +470,7 @@ def _time_steps(step: Any, min_iters: int, max_iters: int, time_budget_s: float)
 def _failed_row(e: BaseException) -> dict[str, Any]:
     """A case that failed is a row with its reason (out of memory is a result, not an error)."""
     if isinstance(e, torch.OutOfMemoryError):
-        return {**_EMPTY_ROW, "status": "oom", "reason": str(e).splitlines()[0][:300],
+        return {**_EMPTY_ROW, "status": "oom", "reason": first_line(e)[:300],
                 "peak_allocated_bytes": int(torch.cuda.max_memory_allocated())}
     return {**_EMPTY_ROW, "status": "error", "reason": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
 

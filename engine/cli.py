@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from tp_query.schema.gpus import UnknownGpu
+from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import ConfigError, load_model_file
 from tp_query.schema.precision import Setting
 
@@ -166,7 +167,7 @@ def _guard(fn: Any) -> Any:
     try:
         return fn()
     except (UserError, ConfigError, PredictError, PlanError, DatabaseError, UnknownGpu, ValueError) as e:
-        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        _fail(first_line(e))
 
 
 @app.command()

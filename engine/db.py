@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tp_query.schema import manifest
 from tp_query.schema.gpus import GPUS
+from tp_query.schema.messages import first_line
 from tp_query.schema.tables import METADATA_KEY, SCHEMA_VERSION
 
 from .dbcache import DB_ENV, DatabaseError, default_root  # noqa: F401 - part of this module's interface
@@ -46,7 +47,7 @@ def _check_files(files: list[str], gpu: str) -> None:
         try:
             md = pq.read_metadata(f).metadata or {}
         except Exception as e:
-            raise DatabaseError(f"corrupt Parquet file {f}: {str(e).splitlines()[0]}") from None
+            raise DatabaseError(f"corrupt Parquet file {f}: {first_line(e)}") from None
         if METADATA_KEY not in md:
             raise DatabaseError(f"{f}: no tp-query provenance (a foreign file)")
         try:
@@ -133,7 +134,7 @@ class Database:
             m = json.loads(text[0]) if text else None
             files = m["files"] if isinstance(m, dict) else None
         except (duckdb.Error, ValueError, KeyError, TypeError) as e:
-            raise DatabaseError(f"cannot read the manifest {url}: {str(e).splitlines()[0]}") from None
+            raise DatabaseError(f"cannot read the manifest {url}: {first_line(e)}") from None
         if not isinstance(files, dict):
             raise DatabaseError(f"{url} is not a manifest")
         rels = sorted(r for r in files if r.split("/", 1)[0] in manifest.TABLE_DIRS)
@@ -143,7 +144,7 @@ class Database:
                 try:
                     row = self.con.execute("SELECT content FROM read_blob(?)", [f"{base}/{rel}"]).fetchone()
                 except duckdb.Error as e:
-                    raise DatabaseError(f"cannot read {base}/{rel}: {str(e).splitlines()[0]}") from None
+                    raise DatabaseError(f"cannot read {base}/{rel}: {first_line(e)}") from None
                 blobs[rel] = bytes(row[0]) if row else b""
             try:
                 manifest.verify_remote(blobs, m, base)
@@ -167,7 +168,7 @@ class Database:
                 try:
                     self.con.execute("INSTALL httpfs; LOAD httpfs;")
                 except duckdb.Error as e:
-                    raise DatabaseError(f"cannot load DuckDB's httpfs for {self.root}: {str(e).splitlines()[0]} "
+                    raise DatabaseError(f"cannot load DuckDB's httpfs for {self.root}: {first_line(e)} "
                                         "(pip install 'tp-query[s3]')") from None
         import os
 
@@ -203,7 +204,7 @@ class Database:
                        abs(b.latency_us / a.latency_us - 1) AS rel_diff, a.p80_us / a.p20_us AS spread
                 FROM ops_ok a JOIN ops b ON a.key = b.key AND b.run = 2 AND b.status = 'ok'""")
         except duckdb.Error as e:
-            raise DatabaseError(f"cannot read the profile database at {base}: {str(e).splitlines()[0]}") from None
+            raise DatabaseError(f"cannot read the profile database at {base}: {first_line(e)}") from None
         if not self.remote:  # measured iterations beside the database (report, SQL)
             val = Path(base).parent / "validation"
             for name, pattern in (("validation", "validation-*.parquet"), ("oplog", "oplog-*.parquet")):
@@ -255,7 +256,7 @@ class Database:
         try:
             stmts = duckdb.extract_statements(query)
         except duckdb.Error as e:
-            raise DatabaseError(f"SQL error: {str(e).splitlines()[0]}") from None
+            raise DatabaseError(f"SQL error: {first_line(e)}") from None
         if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
             kinds = ", ".join(str(s.type).split(".")[-1] for s in stmts) or "nothing"
             raise DatabaseError(f"only one SELECT (or WITH ... SELECT) statement is allowed, got {kinds}")
@@ -275,7 +276,7 @@ class Database:
             self.con.execute("SET autoload_known_extensions = false")
             self.con.execute("SET lock_configuration = true")
         except duckdb.Error as e:
-            raise DatabaseError(f"cannot lock the SQL connection down: {str(e).splitlines()[0]}") from None
+            raise DatabaseError(f"cannot lock the SQL connection down: {first_line(e)}") from None
         self._locked = True
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
@@ -283,7 +284,7 @@ class Database:
         try:
             return _arrow(self.con, query, params)
         except duckdb.Error as e:
-            raise DatabaseError(f"SQL error: {str(e).splitlines()[0]}") from None
+            raise DatabaseError(f"SQL error: {first_line(e)}") from None
 
     def exact_all(self) -> dict[str, tuple[float, float | None]]:
         """key -> (cold median us, warm median us) of every measured call, in one query."""

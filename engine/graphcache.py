@@ -3,12 +3,14 @@ config, cached on disk by everything the trace depends on (the trace itself impo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
 
 from .graph import Graph, is_graph_json
@@ -31,9 +33,10 @@ def trace_fields(req: PredictRequest) -> dict[str, Any]:
             **({"imb": req.moe_imbalance} if req.moe_imbalance != 1.0 else {})}
 
 
+@functools.cache
 def _installed_version(package: str, missing: str) -> str:
     """A package's version without importing it (a cached graph must not outlive the torch or the tp-query
-    that traced it)."""
+    that traced it); read once per process (a search asks once per graph)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -57,7 +60,7 @@ def graph_for(req: PredictRequest) -> Graph:
         try:
             g = Graph.from_json(req.model)
         except (TypeError, ValueError, KeyError) as e:
-            raise PredictError(f"not a valid graph file: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            raise PredictError(f"not a valid graph file: {first_line(e)}"
                                ) from None
         par = req.parallel
         if (par.tp > 1 or par.pp > 1) and g.meta.source == "module":

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 from tp_query.schema.gpus import GpuSpec, gpu_spec
+from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import ArchFamily, family_label
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
@@ -140,7 +141,7 @@ class Engine:
             self.calibration_source = str(p)
             return HostModel.load(p)
         except (CalibrationError, ValueError) as e:
-            raise PredictError(str(e).splitlines()[0]) from None
+            raise PredictError(first_line(e)) from None
 
     def _comm_table(self) -> list[dict[str, Any]]:
         return self._optional_table("comm")

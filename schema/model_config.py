@@ -18,6 +18,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from .messages import first_line
+
 
 class ConfigError(ValueError):
     """A model file that cannot be used; the message is one line for the user."""
@@ -512,7 +514,7 @@ def load_model_file(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"model file not found: {path}") from None
     except (OSError, UnicodeDecodeError, EOFError, zlib.error) as e:
-        raise ConfigError(f"cannot read model file {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        raise ConfigError(f"cannot read model file {path}: {first_line(e)}"
                           ) from None
     try:
         obj = json.loads(text, parse_constant=_no_constant)

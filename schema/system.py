@@ -8,6 +8,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .messages import first_line
+
 PRESET_DIR = Path(__file__).resolve().parent / "systems"
 
 
@@ -42,7 +44,7 @@ def load_system(ref: str) -> SystemSpec:
         with path.open("rb") as f:
             d = tomllib.load(f) if path.stat().st_size < (1 << 20) else None
     except (OSError, tomllib.TOMLDecodeError) as e:
-        raise SystemError_(f"{path}: not a TOML system file ({str(e).splitlines()[0]})") from None
+        raise SystemError_(f"{path}: not a TOML system file ({first_line(e)})") from None
     if not isinstance(d, dict):
         raise SystemError_(f"{path}: larger than 1 MiB, not a system file")
 

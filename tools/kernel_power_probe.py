@@ -188,7 +188,7 @@ def main(out: Path, only: list[str] | None) -> None:
                     copy()
             dil = timed_train(call, TRAIN_S, copies, ms, ms + reps * copy_ms)
         except Exception as e:  # a class this machine's torch cannot run: say so, keep the others
-            res["classes"][name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            res["classes"][name] = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
             print(f"{name}: {res['classes'][name]['error']}", flush=True)
             continue
         us, at = b2b["us"], b2b["at_us"]

@@ -67,7 +67,7 @@ def main(out: Path, case_ids: list[str]) -> None:
                   flush=True)
             del model, opt, scaler, step
         except Exception as e:  # one case failing (memory, say) keeps the others
-            res[cid] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            res[cid] = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
             print(f"{cid}: {res[cid]}", flush=True)
         torch.cuda.empty_cache()
     sampler.stop.set()

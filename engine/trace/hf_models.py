@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import ArchFamily, ConfigError, ModelSpec
 
 from .models import Shard, TPRegion, _ReduceFromTP, _ScatterSP, causal_lm_loss, packed_sequence_check
@@ -124,10 +125,6 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     return _config_object(cfg)
 
 
-def _first_line(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
-
-
 def _config_object(cfg: dict[str, Any]) -> Any:
     """transformers' config object of a config.json dict (its `model_type` included), or a one-line refusal
     carrying the model type's own check."""
@@ -137,7 +134,7 @@ def _config_object(cfg: dict[str, Any]) -> Any:
         return _transformers().AutoConfig.for_model(mt, **cfg)
     except Exception as e:  # a model type's own config checks, in one line
         raise ConfigError(f"transformers {_transformers().__version__} cannot build a {mt!r} config: "
-                          f"{_first_line(e)}") from None
+                          f"{first_line(e)}") from None
 
 
 def attention_implementation(cfg: Any) -> str:
@@ -199,7 +196,7 @@ class HFCausalLM(nn.Module):
             hf = AutoModelForCausalLM.from_config(cfg, attn_implementation=attention_implementation(cfg))
         except Exception as e:  # a model type's own construction checks, in one line
             raise ConfigError(f"transformers cannot build {spec.model_type!r} for causal-LM training: "
-                              f"{_first_line(e)}") from None
+                              f"{first_line(e)}") from None
         base = hf.base_model
         mt = spec.model_type
         self.embed = _Section()

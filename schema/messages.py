@@ -1,0 +1,10 @@
+"""How an exception reads in a one-line error (the CLI's contract: one line, exit code 2)."""
+
+from __future__ import annotations
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when the message is empty (an empty
+    message has no first line to take)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
