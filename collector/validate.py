@@ -484,34 +484,51 @@ def make_optimizer(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
-def run_case(case: Case, device: Device, *, min_iters: int = 6, max_iters: int = 30, time_budget_s: float = 6.0
-             ) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CaseStep:
+    """One case's training iteration as the campaign runs it: the HF model in its setting's dtype (FP8 Linear
+    layers converted), its optimizer, GradScaler where the setting has one, and the input ids."""
+
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    scaler: Any
+    ids: torch.Tensor
+    autocast: torch.dtype | None
+    step: Any  # one iteration: step()
+
+
+def build_case_step(case: Case, dev: torch.device) -> CaseStep:
+    """Also sets TF32 matmuls as the setting says (the caller resets it when the case is done)."""
     st = SETTINGS[Setting(case.setting)]
-    dev = device.torch_device
     torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
     ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
+    model = _hf_model(case.config, torch_dtype(st.param_dtype), dev)
+    if st.fp8_recipe:
+        convert_fp8(model, st.fp8_recipe)
+    opt = make_optimizer(case.optimizer, model)
+    scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
+    ids = torch.randint(0, int(case.config["vocab_size"]), (case.micro_batch, case.seq_len), device=dev)
+    return CaseStep(model, opt, scaler, ids, ac,
+                    functools.partial(_iteration, model, opt, scaler, ids, ac, accum=case.accum))
+
+
+def run_case(case: Case, device: Device, *, min_iters: int = 6, max_iters: int = 30, time_budget_s: float = 6.0
+             ) -> dict[str, Any]:
     row: dict[str, Any] = dict(_EMPTY_ROW)
-    model = opt = scaler = step = None
+    cs = None
     try:
-        model = _hf_model(case.config, torch_dtype(st.param_dtype), dev)
-        if st.fp8_recipe:
-            convert_fp8(model, st.fp8_recipe)
-        opt = make_optimizer(case.optimizer, model)
-        scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
-        vocab = int(case.config["vocab_size"])
-        ids = torch.randint(0, vocab, (case.micro_batch, case.seq_len), device=dev)
-        step = functools.partial(_iteration, model, opt, scaler, ids, ac, accum=case.accum)
-        row.update(_time_steps(step, min_iters, max_iters, time_budget_s))
+        cs = build_case_step(case, device.torch_device)
+        row.update(_time_steps(cs.step, min_iters, max_iters, time_budget_s))
         if case.profile:
             try:
-                kms, info = _profile_iteration(model, opt, scaler, ids, ac)
+                kms, info = _profile_iteration(cs.model, cs.opt, cs.scaler, cs.ids, cs.autocast)
                 row.update(kernel_ms=kms, kernel_breakdown_json=json.dumps(info))
             except Exception as e:  # the timing above stands without the profile
                 row.update(kernel_breakdown_json=json.dumps({"error": str(e)[:300]}))
     except Exception as e:
         row = _failed_row(e)
     finally:
-        del model, opt, scaler, step  # the step closure holds the model too: free both before the next case
+        del cs  # the step closure holds the model too: free both before the next case
         gc.collect()
         torch.cuda.empty_cache()
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
+
+from kernel_power_probe import Sampler, energy_mj  # a sibling script of tools/
 
 SHAPES = (  # (m, n, k, dtype): an LM head, a layer GEMM, a large fp16 FFN GEMM, a TF32 and an fp32 (SIMT) one
     (4096, 128256, 4096, "bfloat16"),
@@ -21,36 +22,6 @@ SHAPES = (  # (m, n, k, dtype): an LM head, a layer GEMM, a large fp16 FFN GEMM,
 )
 TRAIN_S = 1.5
 DUTIES = (0.25, 1.0, 3.0)  # memory-bound copy time per unit of GEMM time between GEMMs (-1: copies alone)
-
-
-def energy_mj() -> int:
-    """The GPU's energy counter since driver load (mJ): exact average power over any interval, unlike the
-    power samples NVML averages over its own window."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    return int(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(0)))
-
-
-class Sampler(threading.Thread):
-    """NVML SM clock (MHz) and power (W) every ~2 ms, with perf_counter timestamps."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        import pynvml
-
-        pynvml.nvmlInit()
-        self.nv = pynvml
-        self.h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        self.rows: list[tuple[float, int, float]] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        nv, h = self.nv, self.h
-        while not self.stop.is_set():
-            self.rows.append((time.perf_counter(), nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-                              nv.nvmlDeviceGetPowerUsage(h) / 1e3))
-            time.sleep(0.002)
 
 
 def main(out: Path) -> None:

@@ -6,7 +6,6 @@ kernels' busy time and the step's span. Compare offline with the engine's operat
     .venv/bin/python tools/hf_op_profile.py --compare OUT         (here)"""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -18,21 +17,11 @@ from gpu_profiles import aten_ops, kernel_busy, print_comparison, shaped_ops
 def record(out: Path, case_ids: list[str]) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from tp_query.collector.validate import _hf_model, _iteration, default_cases, family_cases, make_optimizer
-    from tp_query.engine.trace.torchargs import torch_dtype
-    from tp_query.schema.precision import SETTINGS, Setting
+    from tp_query.collector.validate import build_case_step, default_cases, family_cases
 
     cases = {c.case_id: c for c in default_cases() + family_cases()}
     for cid in case_ids:
-        case = cases[cid]
-        st = SETTINGS[Setting(case.setting)]
-        torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
-        ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
-        model = _hf_model(case.config, torch_dtype(st.param_dtype), torch.device("cuda"))
-        opt = make_optimizer(case.optimizer, model)
-        scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
-        ids = torch.randint(0, int(case.config["vocab_size"]), (case.micro_batch, case.seq_len), device="cuda")
-        step = functools.partial(_iteration, model, opt, scaler, ids, ac, accum=case.accum)
+        step = build_case_step(cases[cid], torch.device("cuda")).step
         for _ in range(4):
             step()
         torch.cuda.synchronize()
@@ -44,7 +33,7 @@ def record(out: Path, case_ids: list[str]) -> None:
         (out / f"hf-ops-{cid}.json").write_text(json.dumps({"ops": ops, "shaped": shaped, "busy_us": busy,
                                                             "span_us": span}))
         print(f"{cid}: busy {busy / 1e3:.1f} ms, span {span / 1e3:.1f} ms", flush=True)
-        del model, opt, scaler, step
+        del step
         torch.cuda.empty_cache()
 
 

@@ -30,6 +30,8 @@ def _nvml() -> Any:
 
 
 def energy_mj() -> int:
+    """The GPU's energy counter since driver load (mJ): exact average power over any interval, unlike the
+    power samples NVML averages over its own window."""
     nv, h = _nvml()
     return int(nv.nvmlDeviceGetTotalEnergyConsumption(h))
 
@@ -120,7 +122,7 @@ def classes() -> dict[str, Callable[[], Callable[[], None]]]:
     }
 
 
-def timed_train(call: Callable[[], None], seconds: float, after: Callable[[], None] | None, est_ms: float,
+def timed_train(call: Callable[[], None], seconds: float, after: Callable[[], None] | None,
                 per_call_ms: float) -> dict[str, Any]:
     import torch
 
@@ -160,7 +162,7 @@ def main(out: Path, only: list[str] | None) -> None:
         copy()
     torch.cuda.synchronize()
     time.sleep(IDLE_S)
-    ct = timed_train(copy, TRAIN_S, None, 0.0, 0.6)
+    ct = timed_train(copy, TRAIN_S, None, 0.6)
     copy_ms = sorted(ct["us"])[len(ct["us"]) // 2] / 1e3
     res["copy"] = {"us_median": copy_ms * 1e3, "watts": ct["energy_j"] / ct["wall_s"]}
     print(f"copies: {copy_ms:.3f} ms each, {res['copy']['watts']:.0f} W", flush=True)
@@ -179,14 +181,14 @@ def main(out: Path, only: list[str] | None) -> None:
             torch.cuda.synchronize()
             ms = a.elapsed_time(b)
             time.sleep(IDLE_S)
-            b2b = timed_train(call, TRAIN_S, None, ms, ms)
+            b2b = timed_train(call, TRAIN_S, None, ms)
             reps = max(1, round(DILUTION * ms / copy_ms))
             time.sleep(IDLE_S)
 
             def copies(r: int = reps) -> None:
                 for _ in range(r):
                     copy()
-            dil = timed_train(call, TRAIN_S, copies, ms, ms + reps * copy_ms)
+            dil = timed_train(call, TRAIN_S, copies, ms + reps * copy_ms)
         except Exception as e:  # a class this machine's torch cannot run: say so, keep the others
             res["classes"][name] = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
             print(f"{name}: {res['classes'][name]['error']}", flush=True)

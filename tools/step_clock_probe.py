@@ -5,7 +5,6 @@ a step clock model (docs/validation-notes.md section 16).
     python3 tools/step_clock_probe.py OUT CASE_ID [CASE_ID ...]      (on a GPU; writes OUT/step-clock.json)"""
 from __future__ import annotations
 
-import functools
 import json
 import statistics
 import sys
@@ -19,25 +18,15 @@ RUN_S = 4.0
 
 def main(out: Path, case_ids: list[str]) -> None:
     import torch
-    from tp_query.collector.validate import _hf_model, _iteration, default_cases, family_cases, make_optimizer
-    from tp_query.engine.trace.torchargs import torch_dtype
-    from tp_query.schema.precision import SETTINGS, Setting
+    from tp_query.collector.validate import build_case_step, default_cases, family_cases
 
     sampler = Sampler()
     sampler.start()
     cases = {c.case_id: c for c in default_cases() + family_cases()}
     res: dict[str, object] = {}
     for cid in case_ids:
-        case = cases[cid]
         try:
-            st = SETTINGS[Setting(case.setting)]
-            torch.backends.cuda.matmul.allow_tf32 = st.allow_tf32
-            ac = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
-            model = _hf_model(case.config, torch_dtype(st.param_dtype), torch.device("cuda"))
-            opt = make_optimizer(case.optimizer, model)
-            scaler = torch.amp.GradScaler("cuda") if st.grad_scaler else None
-            ids = torch.randint(0, int(case.config["vocab_size"]), (case.micro_batch, case.seq_len), device="cuda")
-            step = functools.partial(_iteration, model, opt, scaler, ids, ac, accum=case.accum)
+            step = build_case_step(cases[cid], torch.device("cuda")).step
             for _ in range(3):
                 step()
             torch.cuda.synchronize()
@@ -65,7 +54,7 @@ def main(out: Path, case_ids: list[str]) -> None:
             print(f"{cid}: {len(ms)} steps, first {ms[0]:.1f} ms, second-half median {row['median_second_half_ms']:.1f}"
                   f" ms, {row['watts']:.0f} W, clock {row['clock_first_100ms']} -> {row['clock_second_half']}",
                   flush=True)
-            del model, opt, scaler, step
+            del step
         except Exception as e:  # one case failing (memory, say) keeps the others
             res[cid] = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
             print(f"{cid}: {res[cid]}", flush=True)
