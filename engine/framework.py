@@ -74,6 +74,7 @@ class Interference:
 
 
 FIRST_MACHINE = "first"  # host rows written before instances were told apart (one instance's)
+TYPICAL_HOST = "typical"  # not an instance: each host cost is the median over the measured instances
 FSDP_COPY_KIND = "fsdp_copy"  # collector.dist_probe.copies_campaign
 
 
@@ -81,10 +82,11 @@ FSDP_COPY_KIND = "fsdp_copy"  # collector.dist_probe.copies_campaign
 class FrameworkData:
     """The framework tables of a database: overlap interference and host costs. Host costs are measured per
     machine instance (host-bound timings differ between instances of one machine kind: the H200 hosts
-    measured so far spent 11 to 20 us per eager forward operator). All host costs come from one instance: the
-    one `machine` names, or by default the slowest measured (a planner should not promise a fast host; the
-    prediction states the step on the fastest one). A kind an instance did not measure comes from the median of
-    the instances that did."""
+    measured so far spent 10 to 20 us per eager forward operator). By default every host cost is the median
+    over the instances that measured it (the typical host: the expected instance of a pool, and on runs of
+    instances left out of it closer than the run's own instance's noisy probe); `machine` names one instance
+    instead, whose kinds it did not measure come from that median. A user's prediction also states the step
+    on the fastest and the slowest instance."""
 
     overlap: list[dict[str, Any]] = field(default_factory=list)
     host: list[dict[str, Any]] = field(default_factory=list)
@@ -130,10 +132,16 @@ class FrameworkData:
         return out
 
     def on(self, machine: str | None) -> FrameworkData:
-        """The same tables with host costs of one instance (None: the slowest measured)."""
-        if machine is not None and machine not in self.machines():
+        """The same tables with host costs of one instance (None or TYPICAL_HOST: the median over instances)."""
+        if machine is not None and machine != TYPICAL_HOST and machine not in self.machines():
             raise ValueError(f"no host measurements of machine {machine!r}; measured: {', '.join(self.machines())}")
         return FrameworkData(self.overlap, self.host, machine, copies=self.copies)
+
+    def without(self, machine: str) -> FrameworkData:
+        """The typical host of the other instances (validation: a run predicted as a user's prediction would be,
+        its own instance's measurements left out)."""
+        return FrameworkData(self.overlap, [r for r in self.host if (r.get("machine") or FIRST_MACHINE) != machine],
+                             TYPICAL_HOST, copies=self.copies)
 
     def _speed_order(self) -> list[str]:
         """Instances from the slowest to the fastest host: plain eager host cost per forward operator (bf16)."""
@@ -145,8 +153,8 @@ class FrameworkData:
 
         return sorted(self.machines(), key=lambda m: (-cost(m), m))
 
-    def default_machine(self) -> str | None:
-        """The slowest measured instance."""
+    def slowest_machine(self) -> str | None:
+        """The slowest measured instance (the other end of a prediction's host range)."""
         order = self._speed_order()
         return order[0] if order else None
 
@@ -156,14 +164,16 @@ class FrameworkData:
         return order[-1] if order else None
 
     @functools.cached_property
-    def chosen(self) -> str | None:
-        """The instance whose host costs this view uses."""
-        return self.machine if self.machine is not None else self.default_machine()
+    def chosen(self) -> str:
+        """The instance whose host costs this view uses, or TYPICAL_HOST."""
+        return self.machine if self.machine is not None else TYPICAL_HOST
 
     def _host_rows(self, kind_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-        """The chosen instance's rows (of `kind_rows` when given); where it has none of them, every
-        instance's (their median is taken)."""
+        """The chosen instance's rows (of `kind_rows` when given); where it has none of them, or for the
+        typical host, every instance's (their median is taken)."""
         rows = [r for r in (self.host if kind_rows is None else kind_rows) if r.get("status") == "ok"]
+        if self.chosen == TYPICAL_HOST:
+            return rows
         mine = [r for r in rows if (r.get("machine") or FIRST_MACHINE) == self.chosen]
         return mine or rows
 

@@ -156,7 +156,8 @@ class Engine:
         return self.assemble(req, graph, with_ops).run(host_range=host_range)
 
     def framework_on(self, machine: str | None) -> FrameworkData:
-        """The framework tables with one measured machine instance's host costs (None: the slowest measured)."""
+        """The framework tables with one measured machine instance's host costs (None: the typical host, each
+        cost the median over the instances)."""
         if machine not in self._framework_on:
             self._framework_on[machine] = self.framework.on(machine)
         return self._framework_on[machine]
@@ -212,7 +213,7 @@ class _Assemble:
         return "amp_bf16" if self.req.setting.value.startswith("amp") else "bf16"
 
     def _use_host_instance(self, fw: FrameworkData) -> None:
-        """Take one measured instance's host costs (or the slowest measured): the framework extras that apply
+        """Take one measured instance's host costs (or the typical host's): the framework extras that apply
         to this split, per stage, and plain eager PyTorch's per-operator costs where measured."""
         self.fw = fw
         self.host_extras = self._host_extras()
@@ -367,15 +368,13 @@ class _Assemble:
                                  f"network {self.eng.comm.network[0] / 1e9:.0f} GB/s per GPU, "
                                  f"{self.eng.comm.gpus_per_node} GPUs per node"
                                  + (f" from system {self.eng.system.name!r})" if self.eng.system else ")"))
-        # only where the host shows: the default is the slowest instance, so another one can shorten the step
-        # by at most the exposed host time (a few ms of evaluation saved on every GPU-bound request)
-        exposed = breakdown["host_overhead_ms"] * 1e3 > 0.05 * total_us
-        spread = self._host_instances_ms(host, total_us / 1e3) \
-            if host_range and self.fw.machine is None and exposed else None
+        # a user's single answer states the step's range over the measured host instances where it spans more
+        # than 5% (a planner's loop does not pay for those evaluations)
+        spread = self._host_instances_ms(host) if host_range and self.fw.machine is None else None
         if spread and spread[1] - spread[0] > 0.05 * total_us / 1e3:
-            self.warnings.append(f"host speed: {spread[0]:.1f} ms on the fastest of the {spread[2]} measured host "
-                                 f"instances of this GPU, {spread[1]:.1f} ms on the slowest, whose host costs are "
-                                 "used")
+            self.warnings.append(f"host speed: {spread[0]:.1f} to {spread[1]:.1f} ms over the {spread[2]} measured "
+                                 f"host instances of this GPU; {total_us / 1e3:.1f} ms is the typical host's (each "
+                                 "host cost the median over the instances)")
         host_share = breakdown["host_overhead_ms"] * 1e3 / total_us if total_us else 0.0
         extras = [e.source for e in self.host_extras if e.source != "none"]
         if host_share > 0.3:
@@ -422,20 +421,21 @@ class _Assemble:
             sections=self._section_rows(crit, per_stage[crit]),
         )
 
-    def _host_instances_ms(self, host: HostModel, default_ms: float) -> tuple[float, float, int] | None:
-        """The iteration on the fastest and the slowest measured host instance (the default) and how many
-        instances there are; None with fewer than 2."""
-        fw = self.eng.framework
-        machines = fw.machines()
+    def _host_instances_ms(self, host: HostModel) -> tuple[float, float, int] | None:
+        """The shortest and the longest iteration over the measured host instances (each instance's own
+        costs) and how many instances there are; None with fewer than 2."""
+        machines = self.eng.framework.machines()
         if len(machines) < 2:
             return None
         current = self.fw
+        out = []
         try:
-            self._use_host_instance(self.eng.framework_on(fw.fastest_machine()))
-            fastest_ms = self.evaluate(host)[0] / 1e3
+            for m in machines:
+                self._use_host_instance(self.eng.framework_on(m))
+                out.append(self.evaluate(host)[0] / 1e3)
         finally:
             self._use_host_instance(current)
-        return min(fastest_ms, default_ms), max(fastest_ms, default_ms), len(machines)
+        return min(out), max(out), len(machines)
 
     def _section_rows(self, crit: int, times: dict[str, Any]) -> list[dict[str, Any]]:
         """The slowest stage's GPU time by section: one copy's forward and backward, the copies per

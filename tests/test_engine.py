@@ -290,8 +290,9 @@ def test_verification_record_skips_only_unchanged_files(cpu_db: Path, tmp_path: 
 
 
 def test_host_range_over_machine_instances(cpu_db: Path, tmp_path: Path) -> None:
-    """With host costs of two instances, a user's prediction uses the slower one and states the step on the
-    faster one; a planner's loop (host_range=False) does not pay for the second evaluation."""
+    """With host costs of two instances, a user's prediction uses the typical host (each cost the median over
+    the instances) and states the step's range over the instances; a planner's loop (host_range=False) does
+    not pay for those evaluations."""
     import datetime as dt
 
     from tp_query.collector.store import write_table
@@ -311,9 +312,14 @@ def test_host_range_over_machine_instances(cpu_db: Path, tmp_path: Path) -> None
     write_table(root / "cpu" / "framework" / "framework-r2-test-00000.parquet", rows, FRAMEWORK_SCHEMA, prov)
     manifest.adopt(root / "cpu", "cpu")
     eng = Engine("cpu", str(root))
-    assert eng.framework.default_machine() == "mSlow" and eng.framework.fastest_machine() == "mFast"
-    slow = eng.predict(req(), host_range=True)
-    line = next(w for w in slow.warnings if w.startswith("host speed:"))
-    fast_ms = float(line.split(" ms on the fastest")[0].split()[-1])
-    assert fast_ms < slow.iteration_ms and f"{slow.iteration_ms:.1f} ms on the slowest" in line
+    assert eng.framework.slowest_machine() == "mSlow" and eng.framework.fastest_machine() == "mFast"
+    typical = eng.predict(req(), host_range=True)
+    line = next(w for w in typical.warnings if w.startswith("host speed:"))
+    fast_ms, slow_ms = (float(x) for x in line.split(" ms over the 2 measured")[0].split()[-3::2])
+    assert fast_ms < typical.iteration_ms < slow_ms and f"{typical.iteration_ms:.1f} ms is the typical" in line
+    # each instance alone gives the ends of the range; the typical host's per-operator cost is their median
+    assert eng.framework.on("mFast").per_op_host_us("bf16")["fwd_us"] == 120.0
+    assert eng.framework.on(None).per_op_host_us("bf16")["fwd_us"] == 660.0
+    for m, ms in (("mFast", fast_ms), ("mSlow", slow_ms)):
+        assert f"{eng.assemble(req(), host_machine=m).run().iteration_ms:.1f}" == f"{ms:.1f}"
     assert not any(w.startswith("host speed:") for w in eng.predict(req()).warnings)

@@ -149,25 +149,31 @@ def test_framework_data_reads_measured_rows() -> None:
 
 
 def test_host_costs_come_from_one_machine_instance() -> None:
-    """Each instance keeps its rows; by default the slowest instance's costs, one instance on request; a kind
-    the chosen instance did not measure comes from the median of those that did."""
+    """Each instance keeps its rows; by default each cost is the median over the instances that measured it
+    (the typical host), one instance on request; a kind the chosen instance did not measure comes from the
+    median of those that did."""
     def row(kind: str, q: str, v: float, machine: str | None) -> dict[str, object]:
         return {"framework": "torch", "kind": kind, "setting": "bf16", "phase": "fwd", "quantity": q,
                 "value_us": v, "ranks": 2, "status": "ok", "machine": machine}
 
     rows = [row("tp", "extra_per_layer_us", v, m) for v, m in ((600.0, None), (300.0, "mA"), (200.0, "mB"))]
     rows += [row("ddp", "extra_per_layer_us", v, m) for v, m in ((50.0, "mA"), (70.0, "mB"))]
-    # an instance's plain variants are averaged (mA: 7, 9 -> 8); the slowest instance is the default
+    # an instance's plain variants are averaged (mA: 7, 9 -> 8); the typical host is the default
     rows += [row("plain", "per_op_us", 20.0, None), row("plain", "per_op_us", 7.0, "mA"),
              row("plain_tp_shard", "per_op_us", 9.0, "mA"), row("plain", "per_op_us", 12.0, "mB")]
     fd = FrameworkData([], rows)
     assert fd.machines() == ["first", "mA", "mB"]
-    assert fd.default_machine() == "first"
-    assert fd.per_op_host_us("bf16") == {"fwd_us": 20.0}
-    assert fd.host_extra("torch", "tp", "bf16", 2).per_layer_us == {"fwd": 600.0}
-    assert "machine first" in fd.host_extra("torch", "tp", "bf16", 2).source
-    ddp = fd.host_extra("torch", "ddp", "bf16", 2)  # "first" has no DDP rows: the median of mA and mB
+    assert fd.slowest_machine() == "first" and fd.fastest_machine() == "mA"
+    assert fd.per_op_host_us("bf16") == {"fwd_us": 12.0}  # the median of 20, 8 and 12
+    assert fd.host_extra("torch", "tp", "bf16", 2).per_layer_us == {"fwd": 300.0}
+    assert "median of 3 machines" in fd.host_extra("torch", "tp", "bf16", 2).source
+    ddp = fd.host_extra("torch", "ddp", "bf16", 2)  # only mA and mB measured DDP: their median
     assert ddp.per_layer_us == {"fwd": 60.0} and "median of 2 machines" in ddp.source
+    assert fd.on("first").per_op_host_us("bf16") == {"fwd_us": 20.0}
+    assert "machine first" in fd.on("first").host_extra("torch", "tp", "bf16", 2).source
+    assert fd.on("first").host_extra("torch", "ddp", "bf16", 2).per_layer_us == {"fwd": 60.0}
+    # the typical host of the others: mA left out
+    assert fd.without("mA").per_op_host_us("bf16") == {"fwd_us": 16.0}
     assert fd.on("mA").per_op_host_us("bf16") == {"fwd_us": 8.0}
     assert fd.on("mA").host_extra("torch", "ddp", "bf16", 2).per_layer_us == {"fwd": 50.0}
     assert "machine mB" in fd.on("mB").host_extra("torch", "tp", "bf16", 2).source
