@@ -249,8 +249,9 @@ def identify(cfg: dict[str, Any]) -> tuple[ArchFamily, str]:
     if isinstance(mt, str) and mt in MODEL_TYPES:
         return MODEL_TYPES[mt]
     what = ", ".join(archs) if archs else (mt if isinstance(mt, str) else "nothing")
-    if isinstance(mt, str) and mt and archs and all(a.endswith("ForCausalLM") for a in archs):
-        # a decoder-only model transformers knows by its model_type (checked when it is built)
+    if isinstance(mt, str) and mt and all(a.endswith("ForCausalLM") for a in archs or []):
+        # a decoder-only model transformers knows by its model_type (checked when it is built); a config
+        # without `architectures` (as a config class's to_dict() writes it) is taken by its model_type
         return ArchFamily.TRANSFORMERS, mt
     supported = ", ".join(ARCHITECTURES)
     raise ConfigError(f"unsupported architecture ({what}); supported: {supported}, or any other decoder-only "

@@ -65,6 +65,23 @@ def test_parameters_are_counted_from_the_graph() -> None:
     assert graph_parameter_count(list(g.params), g.meta.traced_layers, 6) == sum(p.numel() for p in real.parameters())
 
 
+def test_a_config_without_architectures_is_taken_by_its_model_type() -> None:
+    """A config as a config class's to_dict() writes it has no `architectures`: its model_type names the module, and
+    the same model type with a non-causal-LM architecture is still refused; transformers' own advice about the config
+    does not reach the user (a refusal is one line)."""
+    import logging
+
+    bare = {k: v for k, v in GENERIC["gemma"].items() if k != "architectures"}
+    spec = parse_config(bare)
+    assert spec.family == ArchFamily.TRANSFORMERS and spec.model_type == "gemma"
+    with pytest.raises(ConfigError, match="unsupported architecture"):
+        parse_config({**bare, "architectures": ["GemmaModel"]})
+    from tp_query.engine.trace.hf_models import _config_object
+
+    _config_object({**bare, "bos_token_id": 10**6})  # out of the vocabulary: transformers warns about it
+    assert logging.getLogger("transformers").getEffectiveLevel() >= logging.ERROR
+
+
 def test_what_the_config_cannot_tell_is_refused() -> None:
     spec = parse_config(GENERIC["olmo2"])
     assert "TP>1" in spec.split_refusal(2, False) and spec.split_refusal(1, False) == ""

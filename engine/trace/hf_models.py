@@ -51,6 +51,9 @@ def _transformers() -> Any:
     except ImportError:
         raise ConfigError(f"this family is traced through transformers' own modules: pip install "
                           f"'transformers=={MODELLED_TRANSFORMERS}' (or tp-query[trace])") from None
+    # its advice about a config (class choice, token ids) is not about the step being predicted, and a
+    # refusal is one line (its logging configures itself on import, so this comes after it)
+    transformers.logging.set_verbosity_error()
     return transformers
 
 
