@@ -21,8 +21,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
+import numpy as np
 from tp_query.schema.gpus import GpuSpec
 from tp_query.schema.ops import FAMILIES, FEATURE_COLUMNS, CallInfo, Family, FamilySpec
 
@@ -94,6 +95,8 @@ class Category:
         d = len(points[0].axes) if points else 0
         self.values = [sorted({p.axes[i] for p in self.points}) for i in range(d)]
         self._log_axes = {p.axes: _logs(p.axes) for p in self.points}
+        self._la: np.ndarray | None = None  # log axes and log efficiencies as arrays, for local fits
+        self._le: np.ndarray | None = None
 
     def inside(self, q: tuple[float, ...]) -> bool:
         return all(vals[0] <= x <= vals[-1] for x, vals in zip(q, self.values, strict=True))
@@ -131,6 +134,38 @@ class Category:
             return math.exp(cold / total), math.exp(warm / total)
         return cold / total, warm / total
 
+    # Scattered points between grid corners (power laws: GEMM, attention): a local linear fit of log efficiency
+    # against the log axes over the nearest MLS_K points, tricube-weighted by distance, slopes ridged by MLS_RIDGE,
+    # the value held within the neighbours' range. Chosen by leave-one-out over the H200 database's own points (a
+    # point removed and estimated from the rest): GEMM 8.0% -> 6.4% MAPE, attention 12.5% -> 10.0%, against the
+    # inverse-distance blend of the 4 nearest efficiencies that holds them flat (small GEMMs -5% biased).
+    MLS_K: ClassVar[int] = 12
+    MLS_RIDGE: ClassVar[float] = 0.01
+
+    def local_linear(self, q: tuple[float, ...]) -> tuple[float, float] | None:
+        """(cold, warm) efficiency at q from a local linear fit, or None with too few points."""
+        n, d = len(self.points), len(q)
+        if n < max(self.MLS_K, d + 2):
+            return None
+        if self._la is None or self._le is None:
+            self._la = np.array([self._log_axes[p.axes] for p in self.points])
+            self._le = np.log(np.array([[max(p.eff_cold, 1e-12), max(p.eff_warm, 1e-12)] for p in self.points]))
+        le = self._le
+        x = self._la - np.array(_logs(q))
+        dist = np.sqrt((x * x).sum(axis=1))
+        idx = np.argpartition(dist, self.MLS_K - 1)[:self.MLS_K]
+        x, dist, y = x[idx], dist[idx], le[idx]
+        w = (1.0 - (dist / (1.0001 * max(float(dist.max()), 1e-9))) ** 3) ** 3
+        a = np.hstack([np.ones((len(idx), 1)), x])
+        reg = self.MLS_RIDGE * np.eye(d + 1)
+        reg[0, 0] = 0.0
+        try:
+            beta = np.linalg.solve(a.T @ (w[:, None] * a) + reg, a.T @ (w[:, None] * y))
+        except np.linalg.LinAlgError:
+            return None
+        e = np.clip(beta[0], y.min(axis=0), y.max(axis=0))
+        return float(np.exp(e[0])), float(np.exp(e[1]))
+
     def nearest(self, q: tuple[float, ...], k: int) -> list[tuple[float, Point]]:
         lq = _logs(q)
         ds = []
@@ -149,6 +184,9 @@ class Category:
             if near and near[0][0] == 0.0:
                 p = near[0][1]
                 return p.cold_us, p.warm_us, Source.INTERPOLATED, 1
+            local = self.local_linear(q) if self.log_space else None
+            if local is not None:
+                return roof_q / local[0], roof_q / local[1], Source.INTERPOLATED, self.MLS_K
             ws = [1.0 / (d * d) for d, _ in near]
             ec = sum(w * p.eff_cold for w, (_, p) in zip(ws, near, strict=True)) / sum(ws)
             ew = sum(w * p.eff_warm for w, (_, p) in zip(ws, near, strict=True)) / sum(ws)

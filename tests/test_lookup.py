@@ -200,3 +200,39 @@ def test_other_exact_features_hold_efficiency_not_latency() -> None:
     e = lm.estimate([Query("c", op, ci)])["c"]
     assert e.source == Source.EXTRAPOLATED
     assert e.cold_us == pytest.approx(ci.flops / (0.4 * peak) * 1e6, rel=1e-9)
+
+
+def test_scattered_points_fit_a_local_power_law() -> None:
+    """Between grid corners (no full bracket), log efficiency is fitted locally against the log axes: a power law
+    in efficiency is recovered exactly from scattered points, where holding the nearest efficiencies flat is not;
+    the value stays within the neighbours' range."""
+    import random
+
+    from tp_query.engine.lookup import Category, Point
+
+    def eff(m: float, n: float) -> float:
+        return 0.05 * m ** 0.2 * n ** 0.1
+
+    rng = random.Random(7)
+    pts = []
+    for _ in range(40):  # scattered: no two points share an m or an n, so no multilinear bracket exists
+        m, n = 2 ** rng.uniform(8, 14), 2 ** rng.uniform(8, 14)
+        roof = m * n * 1e-6
+        pts.append(Point((m, n), roof / eff(m, n), roof / eff(m, n), roof))
+    cat = Category(pts, log_space=True)
+    q = (2 ** 11.3, 2 ** 10.7)
+    assert cat.inside(q) and cat.multilinear(q) is None
+    roof_q = q[0] * q[1] * 1e-6
+    cold, warm, src, n = cat.estimate(q, roof_q)
+    assert src == Source.INTERPOLATED and n == Category.MLS_K
+    assert cold == pytest.approx(roof_q / eff(*q), rel=1e-3) and warm == pytest.approx(cold, rel=1e-12)
+    nearest = cat.nearest(q, 1)[0][1]  # holding the nearest point's efficiency misses the slope
+    assert abs(roof_q / nearest.eff_cold - roof_q / eff(*q)) > 10 * abs(cold - roof_q / eff(*q))
+    # held within the neighbours' efficiencies: a query beside the points never gets a steeper value than theirs
+    e = cat.local_linear((2 ** 8.01, 2 ** 13.99))
+    assert e is not None
+    effs = [p.eff_cold for p in pts]
+    assert min(effs) <= e[0] <= max(effs)
+    # linear-space families (bytes moved) keep the inverse-distance blend
+    lin = Category(pts, log_space=False)
+    assert lin.estimate(q, roof_q)[3] == 4
