@@ -92,6 +92,9 @@ class FrameworkData:
     host: list[dict[str, Any]] = field(default_factory=list)
     machine: str | None = None
     _extras: dict[tuple[str, str, str, int], HostExtra] = field(default_factory=dict, repr=False)
+    # a planner asks the same few questions for every candidate: answers kept per view
+    _per_op: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
+    _copy_lines: dict[tuple[str, str, int], tuple[float, float] | None] = field(default_factory=dict, repr=False)
     # FSDP2's copy kernels (kind fsdp_copy in the framework table): GPU work, not a host instance's cost
     copies: list[dict[str, Any]] = field(default_factory=list)
 
@@ -109,14 +112,24 @@ class FrameworkData:
         reduce-scatter input) for a unit of `unit_bytes` full bytes over `ranks`: the measured line of the
         nearest world size and the element size's dtype (median over instances); None when not measured."""
         setting = "bf16" if itemsize <= 2 else "fp32"
+        key = (phase, setting, ranks)
+        if key not in self._copy_lines:
+            self._copy_lines[key] = self._copy_line(phase, setting, ranks)
+        line = self._copy_lines[key]
+        if line is None or unit_bytes <= 0:
+            return None
+        return max(line[0] + line[1] * unit_bytes / 2**20, 0.0)
+
+    def _copy_line(self, phase: str, setting: str, ranks: int) -> tuple[float, float] | None:
+        """(fixed us, us per MiB) of a copy kernel at the nearest measured world size; None when not measured."""
         rows = [r for r in self.copies if r.get("status") == "ok" and r["phase"] == phase and r["setting"] == setting]
-        if not rows or unit_bytes <= 0:
+        if not rows:
             return None
         have = sorted({int(r["ranks"]) for r in rows})
         rk = min(have, key=lambda r: (abs(r - ranks), r))
         q = {name: self._median_over_machines([r for r in rows if int(r["ranks"]) == rk and r["quantity"] == name])
              for name in ("us_per_mib", "fixed_us")}
-        return max(q["fixed_us"] + q["us_per_mib"] * unit_bytes / 2**20, 0.0)
+        return q["fixed_us"], q["us_per_mib"]
 
     def instances(self) -> list[dict[str, Any]]:
         """Per measured instance: its CPU, plain eager host cost per forward operator and DTensor TP's extra
@@ -206,6 +219,8 @@ class FrameworkData:
         """Plain eager PyTorch's host cost per aten operator (forward, backward, optimizer), measured on
         host-bound runs: the per-layer time slope over the per-layer operator count, averaged over the plain
         variants of an instance, then the median over instances."""
+        if setting in self._per_op:
+            return dict(self._per_op[setting])
         out: dict[str, float] = {}
         for phase in ("fwd", "bwd", "opt"):
             rows = self._host_rows([r for r in self.host if r["framework"] == "torch"
@@ -213,7 +228,8 @@ class FrameworkData:
                                     and r["phase"] == phase and r["quantity"] == "per_op_us" and r["value_us"] > 0])
             if rows:
                 out[f"{phase}_us"] = self._median_over_machines(rows)
-        return out
+        self._per_op[setting] = out
+        return dict(out)
 
     def host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
         key = (framework, kind, setting, ranks)
