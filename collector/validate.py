@@ -278,6 +278,10 @@ def default_cases() -> list[Case]:
                               1, 4096, "holdout", pp_stage=stage, pp=4))
     # does not fit: full LLaMA-3-8B under AMP (16 bytes/parameter of state) and a 70B slice too deep
     add("llama3-8b-full", LLAMA3_8B, 1, 4096, "holdout", settings=["amp_bf16", "bf16"])
+    # more whole models (held out): a whole model's dense stretch of layers is longer than any cut's
+    add("qwen2-7b-full", QWEN2_7B, 1, 4096, "holdout", settings=["bf16"])
+    add("mistral-7b-full", MISTRAL_7B, 1, 4096, "holdout", settings=["bf16"])
+    add("qwen3-8b-full", QWEN3_8B, 1, 4096, "holdout", settings=["bf16"])
     add("llama3-70b-L12", layers_of(LLAMA3_70B, 12), 1, 4096, "holdout", settings=["amp_bf16"])
     return cases + family_cases() + fp8_cases()
 
