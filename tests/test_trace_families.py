@@ -118,3 +118,24 @@ def test_fp8_settings_trace_torchao_float8() -> None:
         assert head_mm  # the LM head is not converted
         assert [p.dtype for p in g.params] == [p.dtype for p in bf16.params]
         assert len(g.ops) > len(bf16.ops)
+
+
+def test_fp8_leaves_linear_subclasses_with_their_own_forward() -> None:
+    """A Linear subclass has a forward of its own (Phi-MoE's router returns the routing as three tensors):
+    torchao's Float8Linear would replace it and break the model, so only plain Linear layers are converted."""
+    pytest.importorskip("torchao")
+    import torch
+    from tp_query.engine.trace.fp8 import convert_fp8
+
+    class Router(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+            logits = super().forward(x)
+            w, idx = torch.topk(logits, 2)
+            return logits, w, idx
+
+    model = torch.nn.Sequential()
+    model.add_module("proj", torch.nn.Linear(64, 64))
+    model.add_module("router", Router(64, 32))
+    convert_fp8(model, "tensorwise")
+    assert type(model.proj).__name__ == "Float8Linear"
+    assert type(model.router) is Router
