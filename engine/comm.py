@@ -49,11 +49,20 @@ class CommModel:
         # one point per message size (the median over dtypes: bandwidth-bound collectives barely care)
         self.table: dict[tuple[str, int], list[tuple[float, float]]] = {
             k: sorted((b, statistics.median(ts)) for b, ts in v.items()) for k, v in by.items()}
+        self._memo: dict[tuple[str, float, int, bool], CommEstimate] = {}
 
     def link(self, ranks: int, spans_hosts: bool) -> str:
         return "ib" if spans_hosts or ranks > self.gpus_per_node else "nvlink"
 
     def estimate(self, collective: str, nbytes: float, ranks: int, spans_hosts: bool = False) -> CommEstimate:
+        """A collective's time; answers kept (a planner and a prediction's host range ask the same ones again)."""
+        key = (collective, nbytes, ranks, spans_hosts)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._estimate(collective, nbytes, ranks, spans_hosts)
+        return hit
+
+    def _estimate(self, collective: str, nbytes: float, ranks: int, spans_hosts: bool) -> CommEstimate:
         if ranks <= 1 or nbytes <= 0:
             return CommEstimate(0.0, Source.COMM_MODEL, "none")
         link = self.link(ranks, spans_hosts)

@@ -97,10 +97,24 @@ class FrameworkData:
     _copy_lines: dict[tuple[str, str, int], tuple[float, float] | None] = field(default_factory=dict, repr=False)
     # FSDP2's copy kernels (kind fsdp_copy in the framework table): GPU work, not a host instance's cost
     copies: list[dict[str, Any]] = field(default_factory=list)
+    # host rows by (framework, kind, setting, phase, quantity), shared by the views of one table
+    _index: dict[tuple[str, str, str, str, str], list[dict[str, Any]]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.copies = self.copies or [r for r in self.host if r.get("kind") == FSDP_COPY_KIND]
         self.host = [r for r in self.host if r.get("kind") != FSDP_COPY_KIND]
+        if self._index is None:
+            self._index = {}
+            for r in self.host:
+                key = (str(r["framework"]), str(r["kind"]), str(r.get("setting")), str(r["phase"]), str(r["quantity"]))
+                self._index.setdefault(key, []).append(r)
+
+    def _indexed(self, framework: str, kind: Callable[[str], bool], setting: str, phase: str | None = None,
+                 quantity: str | None = None) -> list[dict[str, Any]]:
+        """Host rows of a framework whose kind passes `kind`, of one setting (and phase, quantity)."""
+        assert self._index is not None
+        return [r for (fw, k, st, ph, q), rows in self._index.items() if fw == framework and st == setting
+                and kind(k) and (phase is None or ph == phase) and (quantity is None or q == quantity) for r in rows]
 
     def machines(self) -> list[str]:
         """The instances with host rows."""
@@ -148,7 +162,7 @@ class FrameworkData:
         """The same tables with host costs of one instance (None or TYPICAL_HOST: the median over instances)."""
         if machine is not None and machine != TYPICAL_HOST and machine not in self.machines():
             raise ValueError(f"no host measurements of machine {machine!r}; measured: {', '.join(self.machines())}")
-        return FrameworkData(self.overlap, self.host, machine, copies=self.copies)
+        return FrameworkData(self.overlap, self.host, machine, copies=self.copies, _index=self._index)
 
     def without(self, machine: str) -> FrameworkData:
         """The typical host of the other instances (validation: a run predicted as a user's prediction would be,
@@ -223,9 +237,8 @@ class FrameworkData:
             return dict(self._per_op[setting])
         out: dict[str, float] = {}
         for phase in ("fwd", "bwd", "opt"):
-            rows = self._host_rows([r for r in self.host if r["framework"] == "torch"
-                                    and str(r["kind"]).startswith("plain") and r.get("setting") == setting
-                                    and r["phase"] == phase and r["quantity"] == "per_op_us" and r["value_us"] > 0])
+            rows = self._host_rows([r for r in self._indexed("torch", lambda k: k.startswith("plain"), setting, phase,
+                                                             "per_op_us") if r["value_us"] > 0])
             if rows:
                 out[f"{phase}_us"] = self._median_over_machines(rows)
         self._per_op[setting] = out
@@ -238,8 +251,7 @@ class FrameworkData:
         return self._extras[key]
 
     def _host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
-        rows = self._host_rows([r for r in self.host if r["framework"] == framework and r["kind"] == kind
-                                and r.get("setting") == setting])
+        rows = self._host_rows(self._indexed(framework, lambda k: k == kind, setting))
         if not rows:
             return HostExtra.none()
         have = sorted({int(r["ranks"]) for r in rows})
