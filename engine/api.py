@@ -62,12 +62,12 @@ def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, 
            precisions: list[str | Setting] | None = None, gpu: str = "h200", db: str | None = None,
            tokens: float | None = None, price_per_gpu_hour: float | None = None, optimizer: str = "adamw",
            micro_batches: tuple[int, ...] = (1, 2, 4, 8), framework: str = "torch",
-           torch_version: str | None = None) -> SearchResult:
+           torch_version: str | None = None, jobs: int | None = None) -> SearchResult:
     cfg, name = _model(model)
     space = SearchSpace(gpus, global_batch, seq_len,
                         tuple(Setting(p) for p in (precisions or [Setting.AMP_BF16])), micro_batches,
                         optimizer=optimizer, framework=framework)
-    return _search(engine(gpu, db, torch_version), cfg, space, tokens, price_per_gpu_hour, name)
+    return _search(engine(gpu, db, torch_version), cfg, space, tokens, price_per_gpu_hour, name, jobs=jobs)
 
 
 def prediction_frame(p: Prediction) -> Any:

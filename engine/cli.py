@@ -464,6 +464,8 @@ def search(
                                                   "torchrun | megatron")] = None,
     system: SystemOpt = None,
     torch_version: TorchOpt = None,
+    jobs: Annotated[int, typer.Option(help="processes tracing the model's graphs (0: the machine's cores, "
+                                           "at most 8)")] = 0,
 ) -> None:
     """Search DP/TP/PP, micro-batch, precision, SP, ZeRO and recomputation for N GPUs; rank by speed."""
 
@@ -489,7 +491,7 @@ def search(
                 sysspec.price_per_gpu_hour if sysspec else None)
             with progress:
                 res = run_search(Engine(gpu, db, sysspec, torch_version), cfg, space, tokens, price, model.stem,
-                                 prog)
+                                 prog, jobs=jobs)
         except SearchError as e:
             raise UserError(str(e)) from None
         if not res.ranked:

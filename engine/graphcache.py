@@ -55,6 +55,57 @@ def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
     return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
 
 
+def default_jobs() -> int:
+    """Processes a planner traces in: the machine's cores, at most 8 (a tracer holds about 0.3 GB)."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def _cached_key(req: PredictRequest) -> str | None:
+    """The cache key of a config request's graph, None when it is cached already (or is a graph file, or a
+    config that will be refused: the caller's own trace says why)."""
+    if is_graph_json(req.model):
+        return None
+    try:
+        key = _graph_cache_key(parse_config(req.model, req.model_name), req)
+    except ConfigError:
+        return None
+    return None if (cache_dir() / f"{key}.json.gz").exists() else key
+
+
+def _trace_one(req: PredictRequest) -> bool:
+    """A worker's trace into the cache; a failure is left for the caller's own trace to report."""
+    try:
+        graph_for(req)
+        return True
+    except Exception:
+        return False
+
+
+def trace_missing(reqs: list[PredictRequest], jobs: int, progress: Any = None) -> int:
+    """Trace the uncached graphs of `reqs` in `jobs` processes into the graph cache (a planner's graphs are
+    independent traces of about 0.6 s each); the number traced. With one job or one graph, nothing is done
+    here: the caller traces as it goes."""
+    todo: dict[str, PredictRequest] = {}
+    for r in reqs:
+        key = _cached_key(r)
+        if key is not None:
+            todo.setdefault(key, r)
+    if jobs <= 1 or len(todo) <= 1:
+        return 0
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    done = 0
+    # spawn: a worker imports torch itself (a fork of a process that holds torch's threads can hang)
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as ex:
+        futures = [ex.submit(_trace_one, r) for r in todo.values()]
+        for f in as_completed(futures):
+            done += bool(f.result())
+            if progress is not None:
+                progress(done, len(todo))
+    return done
+
+
 def graph_for(req: PredictRequest) -> Graph:
     if is_graph_json(req.model):
         try:

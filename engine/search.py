@@ -134,7 +134,9 @@ def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate,
 
 def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: float | None = None,
            price_per_gpu_hour: float | None = None, name: str = "model",
-           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+           progress: Callable[[int, int], None] | None = None, jobs: int | None = None) -> SearchResult:
+    """jobs: processes that trace the uncached graphs first (None or 0: the machine's cores, at most 8; 1: none,
+    each graph is traced when its first candidate needs it)."""
     for what, v, top in (("--gpus", space.gpus, 1 << 20), ("--global-batch", space.global_batch, 1 << 31),
                          ("--seq-len", space.seq_len, 1 << 22)):
         if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= top:
@@ -161,10 +163,15 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
     # group by graph so each graph is traced once, then evaluate every variant
     valid.sort(key=lambda c: (c.precision.value, c.parallel.micro_batch, c.parallel.tp, c.parallel.sequence_parallel,
                               c.parallel.recompute))
+    reqs = [PredictRequest(model=model, model_name=name, gpu=engine.gpu.name, setting=c.precision,
+                           parallel=c.parallel, seq_len=space.seq_len, optimizer=space.optimizer) for c in valid]
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 0 <= jobs <= 256):
+        raise SearchError(f"--jobs must be an integer in 0..256 (0: the machine's cores), got {jobs!r}")
+    from .graphcache import default_jobs, trace_missing
+
+    trace_missing(reqs, jobs or default_jobs(), progress)
     eval_time = 0.0
-    for i, c in enumerate(valid):
-        req = PredictRequest(model=model, model_name=name, gpu=engine.gpu.name, setting=c.precision,
-                             parallel=c.parallel, seq_len=space.seq_len, optimizer=space.optimizer)
+    for i, (c, req) in enumerate(zip(valid, reqs, strict=True)):
         try:
             engine.graph(req)  # trace (once per graph key) outside the timed evaluation
             te = time.perf_counter()

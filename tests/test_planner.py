@@ -41,6 +41,36 @@ def test_search_ranks_valid_configurations(cpu_db: Path) -> None:
     assert df.height == len(res.ranked) and "iteration_ms" in df.columns
 
 
+def test_search_traces_its_graphs_in_worker_processes(cpu_db: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With jobs > 1 the uncached graphs are traced in worker processes into the graph cache first: the ranking
+    is the one a single process gives, every graph is in the cache, and a warm rerun traces nothing."""
+    from tp_query.engine import graphcache
+
+    space = SearchSpace(4, 8, 64, micro_batches=(1, 2), zero_stages=(0,), recompute=(False,),
+                        sequence_parallel=(False,))
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path / "serial"))
+    one = search(Engine("cpu", str(cpu_db)), TINY_LLAMA, space, jobs=1)
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path / "parallel"))
+    seen: list[tuple[int, int]] = []
+    two = search(Engine("cpu", str(cpu_db)), TINY_LLAMA, space, jobs=2, progress=lambda i, n: seen.append((i, n)))
+    assert [(o.candidate.label(), o.iteration_ms) for o in two.ranked] == \
+        [(o.candidate.label(), o.iteration_ms) for o in one.ranked]
+    traced = sorted(p.name for p in (tmp_path / "parallel" / "graphs").glob("*.json.gz"))
+    assert traced == sorted(p.name for p in (tmp_path / "serial" / "graphs").glob("*.json.gz")) and len(traced) >= 2
+    assert seen[0][1] == len(traced)  # the tracing phase reported its graphs
+    from tp_query.engine.predict import PredictRequest
+    from tp_query.engine.search import candidates
+    from tp_query.schema.model_config import parse_config
+
+    reqs = [PredictRequest(model=TINY_LLAMA, model_name="model", gpu="cpu", setting=c.precision, parallel=c.parallel,
+                           seq_len=64) for c, why in candidates(parse_config(TINY_LLAMA), space) if not why]
+    assert all(graphcache._cached_key(r) is None for r in reqs)  # all cached: nothing to trace
+    assert graphcache.trace_missing(reqs, 2) == 0
+    with pytest.raises(SearchError, match="--jobs"):
+        search(Engine("cpu", str(cpu_db)), TINY_LLAMA, space, jobs=-1)
+
+
 def test_search_bad_input(cpu_db: Path) -> None:
     eng = Engine("cpu", str(cpu_db))
     with pytest.raises(SearchError, match="empty"):
