@@ -167,6 +167,8 @@ def _guard(fn: Any) -> Any:
     try:
         return fn()
     except (UserError, ConfigError, PredictError, PlanError, DatabaseError, UnknownGpu, ValueError) as e:
+        if _DEBUG and type(e) is ValueError:  # a bare ValueError may come from inside: --debug shows where
+            raise
         _fail(first_line(e))
 
 
@@ -656,11 +658,15 @@ def report(
     _guard(go)
 
 
+_DEBUG = False  # set by main(): --debug or TP_QUERY_DEBUG=1
+
+
 def main() -> None:
     """Every failure is one line and exit code 2; `--debug` (anywhere) or TP_QUERY_DEBUG=1 shows tracebacks."""
     import os
 
-    debug = "--debug" in sys.argv or os.environ.get("TP_QUERY_DEBUG") == "1"
+    global _DEBUG
+    debug = _DEBUG = "--debug" in sys.argv or os.environ.get("TP_QUERY_DEBUG") == "1"
     if "--debug" in sys.argv:
         sys.argv.remove("--debug")
     try:

@@ -173,3 +173,19 @@ def test_a_family_without_transformers_is_one_line(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "TP_QUERY_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 2 and "transformers==5.17.0" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_debug_shows_where_a_bare_value_error_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare ValueError may be bad input or a fault inside: one line and exit 2 by default, the exception itself
+    (its traceback) under --debug."""
+    from tp_query.engine import cli
+
+    def inside() -> None:
+        raise ValueError("too many values to unpack (expected 3)")
+
+    with pytest.raises(cli.typer.Exit) as e:
+        cli._guard(inside)
+    assert e.value.exit_code == 2
+    monkeypatch.setattr(cli, "_DEBUG", True)
+    with pytest.raises(ValueError, match="too many values"):
+        cli._guard(inside)
