@@ -6,6 +6,7 @@ a step clock model (docs/validation-notes.md section 16).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -49,7 +50,11 @@ def main(out: Path, case_ids: list[str]) -> None:
             row = {"steps": len(ms), "ms": ms, "at_ms": at, "watts": joules / wall,
                    "first_ms": ms[0], "median_second_half_ms": statistics.median(ms[half:]),
                    "clock_first_100ms": sampler.clock_between(t0, t0 + 0.1),
-                   "clock_second_half": sampler.clock_between(t0 + wall / 2, t0 + wall)}
+                   "clock_second_half": sampler.clock_between(t0 + wall / 2, t0 + wall),
+                   # NVML's SM clock (MHz) and board power (W) every ~2 ms: ms since the run's start (the first
+                   # step's start event is recorded then), the clock, the power
+                   "samples": [[round((t - t0) * 1e3, 2), c, round(w, 1)] for t, c, w in sampler.rows
+                               if t0 <= t <= t0 + wall]}
             res[cid] = row
             print(f"{cid}: {len(ms)} steps, first {ms[0]:.1f} ms, second-half median {row['median_second_half_ms']:.1f}"
                   f" ms, {row['watts']:.0f} W, clock {row['clock_first_100ms']} -> {row['clock_second_half']}",
@@ -61,7 +66,7 @@ def main(out: Path, case_ids: list[str]) -> None:
         torch.cuda.empty_cache()
     sampler.stop.set()
     sampler.join()
-    (out / "step-clock.json").write_text(json.dumps(res))
+    (out / os.environ.get("STEP_CLOCK_FILE", "step-clock.json")).write_text(json.dumps(res))
 
 
 if __name__ == "__main__":
