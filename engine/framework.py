@@ -85,8 +85,8 @@ class FrameworkData:
     measured so far spent 10 to 20 us per eager forward operator). By default every host cost is the median
     over the instances that measured it (the typical host: the expected instance of a pool, and on runs of
     instances left out of it closer than the run's own instance's noisy probe); `machine` names one instance
-    instead, whose kinds it did not measure come from that median. A user's prediction also states the step
-    on the fastest and the slowest instance."""
+    instead, whose kinds it did not measure come from that median. A user's prediction also states the step's
+    range over the instances."""
 
     overlap: list[dict[str, Any]] = field(default_factory=list)
     host: list[dict[str, Any]] = field(default_factory=list)

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ def _trace_one(req: PredictRequest) -> bool:
         return False
 
 
-def trace_missing(reqs: list[PredictRequest], jobs: int, progress: Any = None) -> int:
+def trace_missing(reqs: list[PredictRequest], jobs: int, progress: Callable[[int, int], None] | None = None) -> int:
     """Trace the uncached graphs of `reqs` in `jobs` processes into the graph cache (a planner's graphs are
     independent traces of about 0.6 s each); the number traced. With one job or one graph, nothing is done
     here: the caller traces as it goes."""
@@ -97,12 +98,16 @@ def trace_missing(reqs: list[PredictRequest], jobs: int, progress: Any = None) -
 
     done = 0
     # spawn: a worker imports torch itself (a fork of a process that holds torch's threads can hang)
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = [ex.submit(_trace_one, r) for r in todo.values()]
-        for f in as_completed(futures):
-            done += bool(f.result())
-            if progress is not None:
-                progress(done, len(todo))
+    try:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
+                                 mp_context=multiprocessing.get_context("spawn")) as ex:
+            futures = [ex.submit(_trace_one, r) for r in todo.values()]
+            for f in as_completed(futures):
+                done += bool(f.result())
+                if progress is not None:
+                    progress(done, len(todo))
+    except (OSError, RuntimeError):  # no worker processes here (a sandbox, a killed worker): the caller traces
+        pass
     return done
 
 
