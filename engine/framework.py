@@ -170,26 +170,6 @@ class FrameworkData:
         return FrameworkData(self.overlap, [r for r in self.host if (r.get("machine") or FIRST_MACHINE) != machine],
                              TYPICAL_HOST, copies=self.copies)
 
-    def _speed_order(self) -> list[str]:
-        """Instances from the slowest to the fastest host: plain eager host cost per forward operator (bf16)."""
-        def cost(m: str) -> float:
-            vals = [float(r["value_us"]) for r in self.host if r.get("status") == "ok"
-                    and (r.get("machine") or FIRST_MACHINE) == m and str(r["kind"]).startswith("plain")
-                    and r.get("setting") == "bf16" and r["phase"] == "fwd" and r["quantity"] == "per_op_us"]
-            return sum(vals) / len(vals) if vals else 0.0
-
-        return sorted(self.machines(), key=lambda m: (-cost(m), m))
-
-    def slowest_machine(self) -> str | None:
-        """The slowest measured instance (the other end of a prediction's host range)."""
-        order = self._speed_order()
-        return order[0] if order else None
-
-    def fastest_machine(self) -> str | None:
-        """The fastest measured instance (the other end of a prediction's host range)."""
-        order = self._speed_order()
-        return order[-1] if order else None
-
     @functools.cached_property
     def chosen(self) -> str:
         """The instance whose host costs this view uses, or TYPICAL_HOST."""

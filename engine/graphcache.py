@@ -56,6 +56,10 @@ def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
     return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
 
 
+def _cache_path(key: str) -> Path:
+    return cache_dir() / f"{key}.json.gz"
+
+
 def default_jobs() -> int:
     """Processes a planner traces in: the machine's cores, at most 8 (a tracer holds about 0.3 GB)."""
     return max(1, min(8, os.cpu_count() or 1))
@@ -70,7 +74,7 @@ def _cached_key(req: PredictRequest) -> str | None:
         key = _graph_cache_key(parse_config(req.model, req.model_name), req)
     except ConfigError:
         return None
-    return None if (cache_dir() / f"{key}.json.gz").exists() else key
+    return None if _cache_path(key).exists() else key
 
 
 def _trace_one(req: PredictRequest) -> bool:
@@ -144,7 +148,7 @@ def graph_for(req: PredictRequest) -> Graph:
     except ConfigError as e:
         raise PredictError(str(e)) from None
     key = _graph_cache_key(spec, req)
-    path = cache_dir() / f"{key}.json.gz"
+    path = _cache_path(key)
     if path.exists():
         try:
             return Graph.load(path)

@@ -180,13 +180,11 @@ class Category:
             ml = self.multilinear(q)
             if ml is not None:
                 return ml[0], ml[1], Source.INTERPOLATED, 2 ** len(q)
-            near = self.nearest(q, 4)
-            if near and near[0][0] == 0.0:
-                p = near[0][1]
-                return p.cold_us, p.warm_us, Source.INTERPOLATED, 1
+            # past here q is no measured point (a point is its own multilinear corner): every distance is > 0
             local = self.local_linear(q) if self.log_space else None
             if local is not None:
                 return roof_q / local[0], roof_q / local[1], Source.INTERPOLATED, self.MLS_K
+            near = self.nearest(q, 4)
             ws = [1.0 / (d * d) for d, _ in near]
             ec = sum(w * p.eff_cold for w, (_, p) in zip(ws, near, strict=True)) / sum(ws)
             ew = sum(w * p.eff_warm for w, (_, p) in zip(ws, near, strict=True)) / sum(ws)

@@ -440,7 +440,7 @@ def instance_markdown(cases: list[CaseResult], instances: list[dict[str, Any]]) 
          "an instance were measured before instances were told apart, and are predicted with the host probe of "
          "that period (`first`), which need not be the instance they ran on. A user's prediction takes the "
          "typical host (each host cost the median over the measured instances: the instance a job is most "
-         "likely to get) and states the step on the fastest and the slowest instance.", "",
+         "likely to get) and states the step's range over the instances.", "",
          "| instance | CPU | eager host us/op (fwd, bf16) | DTensor TP extra ms/layer (fwd+bwd, bf16) | runs | "
          "time MAPE | max |", "|---|---|---|---|---|---|---|"]
     for inst in instances:

@@ -145,6 +145,7 @@ def timed_train(call: Callable[[], None], seconds: float, after: Callable[[], No
 
 def main(out: Path, only: list[str] | None) -> None:
     import torch
+    from tp_query.collector.timing import events_us
 
     sampler = Sampler()
     sampler.start()
@@ -171,15 +172,7 @@ def main(out: Path, only: list[str] | None) -> None:
             continue
         try:
             call = build()
-            for _ in range(3):
-                call()
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            call()
-            b.record()
-            torch.cuda.synchronize()
-            ms = a.elapsed_time(b)
+            ms = events_us(call, 1, warmup=3)[0] / 1e3
             time.sleep(IDLE_S)
             b2b = timed_train(call, TRAIN_S, None, ms)
             reps = max(1, round(DILUTION * ms / copy_ms))

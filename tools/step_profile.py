@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from tp_query.collector.timing import events_us
 from tp_query.collector.validate import (
     MODELS,
     _hf_model,
@@ -33,14 +34,7 @@ for setting in args or ["bf16", "fp8_tensorwise"]:
     opt = make_optimizer("adamw", model)
     ids = torch.randint(0, int(CFG["vocab_size"]), (int(opts["--mb"]), int(opts["--seq"])), device="cuda")
     step = functools.partial(_iteration, model, opt, None, ids, None)
-    for _ in range(4):
-        step()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    step()
-    e1.record()
-    torch.cuda.synchronize()
+    iteration_ms = events_us(step, 1, warmup=4)[0] / 1e3
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU], record_shapes=True) as prof:
         step()
         torch.cuda.synchronize()
@@ -59,7 +53,7 @@ for setting in args or ["bf16", "fp8_tensorwise"]:
         else:
             cur_e = max(cur_e, e)
     busy += cur_e - cur_s
-    print(f"{setting}: iteration {e0.elapsed_time(e1):.1f} ms, kernels {len(iv)}, busy {busy / 1000:.1f} ms, "
+    print(f"{setting}: iteration {iteration_ms:.1f} ms, kernels {len(iv)}, busy {busy / 1000:.1f} ms, "
           f"span {(iv[-1][1] - iv[0][0]) / 1000:.1f} ms")
     for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:12]:
         print(f"   {v:7.2f} ms {n[k]:5d}x {k}")
