@@ -176,12 +176,31 @@ STARCODER2_7B = {"architectures": ["Starcoder2ForCausalLM"], "model_type": "star
                  "vocab_size": 49152, "sliding_window": 4096, "hidden_act": "gelu_pytorch_tanh", "norm_epsilon": 1e-5,
                  "use_bias": True, "rope_theta": 1000000.0, "max_position_embeddings": 16384,
                  "bos_token_id": 0, "eos_token_id": 0}
+# Layers that differ along the depth beyond attention type (added 2026-12-01, predicted before they ran): GLM-4.5-Air
+# (its first layer dense, the rest 128-expert MoE) and SmolLM3 (every fourth layer without RoPE), as published
+GLM45_AIR = {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "hidden_size": 4096,
+             "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_attention_heads": 96,
+             "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 46, "vocab_size": 151552,
+             "n_routed_experts": 128, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+             "norm_topk_prob": True, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
+             "partial_rotary_factor": 0.5, "attention_bias": True, "use_qk_norm": False, "rms_norm_eps": 1e-5,
+             "rope_theta": 1000000, "max_position_embeddings": 131072, "hidden_act": "silu",
+             "tie_word_embeddings": False, "pad_token_id": 151329, "eos_token_id": [151329, 151336, 151338]}
+SMOLLM3_3B = {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "hidden_size": 2048,
+              "intermediate_size": 11008, "num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": 36,
+              "vocab_size": 128256, "no_rope_layer_interval": 4,
+              "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(36)], "use_sliding_window": False,
+              "sliding_window": None, "max_window_layers": 28, "rope_theta": 5000000.0, "rms_norm_eps": 1e-6,
+              "max_position_embeddings": 65536, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
+              "tie_word_embeddings": True, "pad_token_id": 128004, "eos_token_id": 128012}
 GENERIC_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
     "olmo2-7b": (OLMO2_7B, 4, 1, 4096),
     "granite3-8b": (GRANITE3_8B, 4, 1, 4096),
     "gemma-7b": (GEMMA_7B, 4, 1, 4096),
     "gpt-oss-20b": (GPT_OSS_20B, 4, 1, 4096),
     "starcoder2-7b": (STARCODER2_7B, 4, 1, 4096),
+    "glm4.5-air": (GLM45_AIR, 3, 1, 4096),
+    "smollm3-3b": (SMOLLM3_3B, 4, 1, 4096),
 }
 GENERIC_SETTINGS = ("amp_bf16", "bf16", "tf32", "amp_fp16")
 
@@ -226,8 +245,9 @@ MODELS: dict[str, dict[str, Any]] = {
 def layers_of(cfg: dict[str, Any], n: int) -> dict[str, Any]:
     key = "n_layer" if "n_layer" in cfg else "num_hidden_layers"
     out = {**cfg, key: n}
-    if isinstance(cfg.get("layer_types"), list):  # transformers checks one kind per layer
-        out["layer_types"] = cfg["layer_types"][:n]
+    for k in ("layer_types", "mlp_layer_types", "no_rope_layers"):  # per-layer lists: one entry per layer kept
+        if isinstance(cfg.get(k), list):
+            out[k] = cfg[k][:n]
     return out
 
 

@@ -22,7 +22,16 @@ from tp_query.schema.ops import CallInfo, Operands, describe, step_operands, wit
 from tp_query.schema.precision import DType
 from tp_query.schema.signature import OpCall, TensorSpec, call_key
 
-from .graph import Graph, OpRecord, ParamRecord, Phase, Section, layer_templates, sequence_parallel_norm
+from .graph import (
+    Graph,
+    OpRecord,
+    ParamRecord,
+    Phase,
+    Section,
+    layer_template_of,
+    layer_templates,
+    sequence_parallel_norm,
+)
 from .parallel import ParallelConfig, PlanError
 
 
@@ -131,7 +140,11 @@ class Composer:
                          and k[1] == Section.LAYER}
         self.opt_records: list[OpRecord] = [o for o in graph.ops if o.phase == Phase.OPT]
         self.traced_params = list(graph.params)
-        self.layer_params = [p for p in graph.params if p.section == Section.LAYER and p.layer == tl]
+        # each model layer's traced template (one per layer kind) and each template's parameters
+        self.template_of = layer_template_of(graph.meta) if graph.meta.traced_layers > 0 else []
+        self.template_params = {t: [p for p in graph.params if p.section == Section.LAYER and p.layer == t]
+                                for t in set(self.template_of) | {tl}}
+        self.layer_params = self.template_params[tl]
         self.is_layered = graph.meta.traced_layers > 0
         # Parameters and optimizer steps do not depend on micro-batch, sequence, SP or recompute: graphs
         # that differ only there share these per-stage lists (a search builds each once).
@@ -147,7 +160,12 @@ class Composer:
         return self._weights.get((phase, section))
 
     # -- parameters ---------------------------------------------------------------------------
-    def stage_params(self, first: bool, last: bool, layers: int) -> list[ParamRecord]:
+    def template_for(self, layer: int) -> int:
+        """The traced layer that stands for model layer `layer`."""
+        return self.template_of[layer] if layer < len(self.template_of) else self.template_layer
+
+    def stage_params(self, first: bool, last: bool, layers: int, start: int = 0) -> list[ParamRecord]:
+        """The parameters of a stage holding model layers start .. start+layers-1 (named by model layer)."""
         if not self.is_layered:
             return list(self.traced_params)
         out: list[ParamRecord] = []
@@ -156,9 +174,10 @@ class Composer:
         head = [p for p in self.traced_params if p.section == Section.HEAD]
         if first:
             out += embed
-        for i in range(layers):
-            out += [ParamRecord(p.name.replace(f"layers.{self.template_layer}.", f"layers.{i}."), p.shape, p.dtype,
-                                Section.LAYER, i) for p in self.layer_params]
+        for i in range(start, start + layers):
+            t = self.template_for(i)
+            out += [ParamRecord(p.name.replace(f"layers.{t}.", f"layers.{i}.", 1), p.shape, p.dtype,
+                                Section.LAYER, i) for p in self.template_params[t]]
         if last:
             out += head
             if tied and not first:  # Megatron keeps a copy of the tied embedding on the last stage
@@ -178,11 +197,10 @@ class Composer:
         shards = [ex if ".experts." in p.name else zero_shards for p in params]
         n_traced = len(self.traced_params)
         index = self._traced_index()
-        tl = self.template_layer
 
         def src_index(p: ParamRecord) -> int:
             if p.section == Section.LAYER:
-                return index[p.name.replace(f"layers.{p.layer}.", f"layers.{tl}.", 1)]
+                return index[p.name.replace(f"layers.{p.layer}.", f"layers.{self.template_for(p.layer)}.", 1)]
             if p.name in index:
                 return index[p.name]
             return index.get("embed.embed_tokens.weight", 0)
@@ -342,6 +360,7 @@ class Composer:
         out = []
         for s, n in enumerate(counts):
             first, last = s == 0, s == len(counts) - 1
+            start = sum(counts[:s])
             if not self.is_layered:
                 fwd_parts = [(Section.BODY, 1)]
                 bwd_parts = [(Section.BODY, 1)]
@@ -355,19 +374,20 @@ class Composer:
             # PyTorch DDP's own kernels (Megatron-Core scales its gradient buffer in its DDP model instead)
             ddp_dp = par.dp if par.zero == 0 and par.framework == "torch" else 1
             pipelined = par.framework == "torch" and par.pp > 1 and par.micro_batches > 1
-            key = (self.param_key, first, last, n, shards, par.micro_batches > 1 and par.zero < 2, ddp_dp,
+            accumulates = par.micro_batches > 1 and par.zero < 2
+            key = (self.param_key, first, last, n, start, shards, accumulates, ddp_dp,
                    par.ddp_bucket_view, expert_shards, par.framework, par.dp if par.framework == "megatron" else 0,
                    par.ep > 1, pipelined)
             cached = self._stage_cache.get(key)
             if cached is None:
                 # each piece once per what it depends on: a search over DP re-uses the parameter list, the
                 # optimizer step (unless ZeRO shards it) and the gradient accumulation
-                base = (self.param_key, first, last, n)
-                params = self._sub(("params", *base), functools.partial(self.stage_params, first, last, n))
+                base = (self.param_key, first, last, n, start)
+                params = self._sub(("params", *base), functools.partial(self.stage_params, first, last, n, start))
                 opt = self._sub(("opt", *base, shards, expert_shards),
                                 functools.partial(self.optimizer_items, params, shards, expert_shards))
                 accum = self._sub(("accum", *base), functools.partial(self.accumulate_items, params)) \
-                    if key[5] else []
+                    if accumulates else []
                 ddp = self._sub(("ddp", *base, par.dp, par.ddp_bucket_view), functools.partial(
                     self.ddp_items, params, par.dp, copies=not par.ddp_bucket_view)) if ddp_dp > 1 else []
                 if par.framework == "megatron" and par.dp > 1:

@@ -12,6 +12,8 @@ from typing import Any
 
 from tp_query.schema.model_config import parameter_count as _parameter_count
 
+from .graph import Graph, layer_template_of
+
 _DIMS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
 
 
@@ -48,9 +50,14 @@ def parameter_count(model: dict[str, Any]) -> int | None:
     return _parameter_count(model)
 
 
-def graph_parameter_count(params: list[Any], traced_layers: int, num_layers: int) -> int:
-    """Parameters of the whole model from a traced graph's parameter records (uniform layers: each traced layer
-    stands for num_layers / traced_layers of them)."""
-    layer = sum(p.numel for p in params if p.section.value == "layer")
-    rest = sum(p.numel for p in params if p.section.value != "layer")
-    return rest + round(layer * num_layers / max(traced_layers, 1))
+def graph_parameter_count(graph: Graph) -> int:
+    """Parameters of the whole model from a traced graph's parameter records: each model layer counts its kind's
+    traced template (engine.graph.layer_template_of)."""
+    per_layer: dict[int, int] = {}
+    rest = 0
+    for p in graph.params:
+        if p.section.value == "layer":
+            per_layer[p.layer] = per_layer.get(p.layer, 0) + p.numel
+        else:
+            rest += p.numel
+    return rest + sum(per_layer.get(t, 0) for t in layer_template_of(graph.meta))

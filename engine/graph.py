@@ -157,19 +157,56 @@ def is_graph_json(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("format") == GRAPH_FORMAT
 
 
+def _model_layer_kinds(model: dict[str, Any]) -> list[str]:
+    """Each layer's kind from a graph's model dict (ModelSpec.layer_kind, without importing the schema's spec)."""
+    n = int(model.get("num_layers") or 0)
+    lt = list(model.get("layer_types") or [])
+    mlp = list(model.get("mlp_layer_types") or [])
+    rope = list(model.get("rope_layers") or [])
+    out = []
+    for i in range(n):
+        k = lt[i] if lt else "full_attention"
+        if mlp:
+            k += f"|mlp={mlp[i]}"
+        if rope and not rope[i]:
+            k += "|nope"
+        out.append(k)
+    return out
+
+
 def layer_templates(meta: GraphMeta) -> dict[int, float]:
     """Traced layer index -> share of the model's layers it stands for, for a model whose layers differ
-    in attention type (meta.extra `traced_layer_types`); empty for uniform layers."""
-    traced = meta.extra.get("traced_layer_types") if isinstance(meta.extra, dict) else None
-    types = list(meta.model.get("layer_types") or [])
+    in kind (attention type, dense or sparse MLP, RoPE: meta.extra `traced_layer_kinds`, or `traced_layer_types`
+    of graphs that vary in attention type only); empty for uniform layers."""
+    extra = meta.extra if isinstance(meta.extra, dict) else {}
+    if extra.get("traced_layer_kinds"):
+        traced, types = list(extra["traced_layer_kinds"]), _model_layer_kinds(meta.model)
+    else:
+        traced, types = list(extra.get("traced_layer_types") or []), list(meta.model.get("layer_types") or [])
     if not traced or not types or len(set(types)) < 2:
         return {}
     out: dict[int, float] = {}
     for t in dict.fromkeys(types):
-        # the template of a type is its first traced layer after the leading one (that one alone only when
-        # a whole model was traced and no later layer has the type)
+        # the template of a kind is its first traced layer after the leading one (that one alone only when
+        # a whole model was traced and no later layer has the kind)
         idx = [i for i, x in enumerate(traced) if x == t and i >= 1] or [i for i, x in enumerate(traced) if x == t]
         if not idx:
-            raise ValueError(f"the graph has no traced layer of type {t}")
+            raise ValueError(f"the graph has no traced layer of kind {t}")
         out[idx[0]] = types.count(t) / len(types)
     return out
+
+
+def layer_template_of(meta: GraphMeta) -> list[int]:
+    """For each layer of the model, the traced layer that stands for it (the last traced layer for uniform
+    layers)."""
+    n = int(meta.model.get("num_layers") or 0)
+    templates = layer_templates(meta)
+    if not templates:
+        return [meta.traced_layers - 1] * n
+    extra = meta.extra if isinstance(meta.extra, dict) else {}
+    if extra.get("traced_layer_kinds"):
+        traced, kinds = list(extra["traced_layer_kinds"]), _model_layer_kinds(meta.model)
+    else:
+        traced, kinds = list(extra["traced_layer_types"]), list(meta.model.get("layer_types") or [])
+    of_kind = {traced[i]: i for i in templates}
+    return [of_kind[k] for k in kinds]

@@ -491,7 +491,7 @@ class _Assemble:
         per_gpu_model = model / secs / par.gpus if model and secs > 0 else None
         params = parameter_count(spec) if spec else None
         if spec and params is None and g.meta.traced_layers and g.meta.tp == 1:
-            params = graph_parameter_count(list(g.params), g.meta.traced_layers, int(spec.get("num_layers", 0)))
+            params = graph_parameter_count(g)
         return {"parameters": params, "model_flops": model,
                 "model_tflops_per_gpu": per_gpu_model / 1e12 if per_gpu_model else None,
                 "hardware_tflops_per_gpu": hw / secs / par.gpus / 1e12 if secs > 0 else None,
@@ -563,7 +563,25 @@ class _Assemble:
             bwd_head_us=t(Phase.BWD, Section.HEAD) + (t(Phase.BWD, body) if body else 0.0),
             bwd_layer_us=t(Phase.BWD, Section.LAYER), bwd_embed_us=t(Phase.BWD, Section.EMBED),
             layers=s.layers, embed_params=sizes(Section.EMBED) + (sizes(Section.BODY) if body else ()),
-            layer_params=sizes(Section.LAYER, 0) if s.layers else (), head_params=sizes(Section.HEAD))
+            layer_params=self._mean_layer_params(s) if s.layers else (), head_params=sizes(Section.HEAD))
+
+    @staticmethod
+    def _mean_layer_params(s: StageWork) -> tuple[int, ...]:
+        """One decoder layer's parameter bytes, as the framework models take a stage's layers to be alike: the
+        stage's most common layer kind, scaled to the stage's mean layer where kinds differ (dense and sparse
+        MLPs)."""
+        by_layer: dict[int, list[int]] = {}
+        for p in s.params:
+            if p.section == Section.LAYER:
+                by_layer.setdefault(p.layer, []).append(p.numel * DType(p.dtype).itemsize)
+        groups: dict[tuple[int, ...], int] = {}
+        for v in by_layer.values():
+            groups[tuple(v)] = groups.get(tuple(v), 0) + 1
+        rep = max(groups, key=lambda k: groups[k])
+        if len(groups) == 1:
+            return rep
+        mean = sum(sum(v) for v in by_layer.values()) / len(by_layer)
+        return tuple(round(b * mean / sum(rep)) for b in rep)
 
     def interference(self) -> Interference:
         st = SETTINGS[self.req.setting]
@@ -676,6 +694,12 @@ class _Assemble:
         if types:
             out["layer_types"] = {t: types.count(t) for t in dict.fromkeys(types)}
             out["sliding_window"] = m.get("sliding_window")
+        mlps = m.get("mlp_layer_types") or []
+        if mlps:
+            out["mlp_layer_types"] = {t: mlps.count(t) for t in dict.fromkeys(mlps)}
+        rope = m.get("rope_layers") or []
+        if rope:
+            out["rope_layers"] = {"rope": sum(map(bool, rope)), "none": len(rope) - sum(map(bool, rope))}
         if m.get("num_experts"):
             e, k = int(m["num_experts"]), int(m["experts_per_token"])
             experts = (f"SequentialMLP, {e // self.par.ep} local experts per rank, all-to-all over EP={self.par.ep}"

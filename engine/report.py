@@ -85,6 +85,10 @@ def prediction_table(p: Prediction) -> str:
         if mg.get("layer_types"):
             parts.append(", ".join(f"{n} {t.replace('_attention', '')}" for t, n in mg["layer_types"].items())
                          + f" layers (window {mg.get('sliding_window')})")
+        if mg.get("mlp_layer_types"):
+            parts.append(", ".join(f"{n} {t}" for t, n in mg["mlp_layer_types"].items()) + " MLP layers")
+        if mg.get("rope_layers"):
+            parts.append(f"RoPE in {mg['rope_layers']['rope']} layers, none in {mg['rope_layers']['none']}")
         if mg.get("moe_routing"):
             parts.append(f"MoE routing {mg['moe_routing']}")
         lines.append("model graph: " + "; ".join(parts))

@@ -116,6 +116,11 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0
     # the config transformers builds the module from (builder HF), canonical JSON
     hf_config: str = ""
+    # layers that differ along the depth in more than attention type (model types known only to transformers):
+    # each layer's MLP kind in transformers' spelling ("dense" / "sparse"), and whether it applies rotary
+    # embeddings (SmolLM3's NoPE layers); empty: every layer alike
+    mlp_layer_types: tuple[str, ...] = ()
+    rope_layers: tuple[bool, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +131,8 @@ class ModelSpec:
         d["family"] = ArchFamily(d["family"])
         d["builder"] = Builder(d.get("builder", Builder.NATIVE))
         d["layer_types"] = tuple(d.get("layer_types", ()))
+        d["mlp_layer_types"] = tuple(d.get("mlp_layer_types", ()))
+        d["rope_layers"] = tuple(bool(x) for x in d.get("rope_layers", ()))
         return ModelSpec(**d)
 
     @property
@@ -156,15 +163,41 @@ class ModelSpec:
     def layer_type(self, i: int) -> str:
         return self.layer_types[i] if self.layer_types else FULL
 
+    def layer_kind(self, i: int) -> str:
+        """What a layer's operators depend on: its attention type, its MLP kind, and RoPE or none."""
+        k = self.layer_type(i)
+        if self.mlp_layer_types:
+            k += f"|mlp={self.mlp_layer_types[i]}"
+        if self.rope_layers and not self.rope_layers[i]:
+            k += "|nope"
+        return k
+
+    def layer_kinds(self) -> tuple[str, ...]:
+        return tuple(self.layer_kind(i) for i in range(self.num_layers))
+
+    def cut(self, indices: tuple[int, ...] | range) -> ModelSpec:
+        """The model of the given layers of this one, in order (a trace's cut)."""
+        idx = tuple(indices)
+
+        def pick(xs: tuple[Any, ...]) -> tuple[Any, ...]:
+            return tuple(xs[i] for i in idx) if xs else ()
+
+        return replace(self, num_layers=len(idx), layer_types=pick(self.layer_types),
+                       mlp_layer_types=pick(self.mlp_layer_types), rope_layers=pick(self.rope_layers))
+
     def with_layers(self, n: int) -> ModelSpec:
-        lt = tuple(self.layer_type(i) for i in range(n)) if self.layer_types else ()
-        return replace(self, num_layers=n, layer_types=lt)
+        return self.cut(range(n))
+
+    def traced_layer_indices(self) -> tuple[int, ...]:
+        """The layers a trace runs: a leading layer, then the first layer of each kind in order of first
+        appearance (each later traced layer is the template of its kind)."""
+        first: dict[str, int] = {}
+        for i, k in enumerate(self.layer_kinds()):
+            first.setdefault(k, i)
+        return (0, *first.values())
 
     def traced_layer_types(self) -> tuple[str, ...]:
-        """The layers a trace runs: a leading layer, then one of each attention type in order of first
-        appearance (each later traced layer is the template of its type)."""
-        kinds = list(dict.fromkeys(self.layer_type(i) for i in range(self.num_layers)))
-        return (kinds[0], *kinds)
+        return tuple(self.layer_type(i) for i in self.traced_layer_indices())
 
     def layer_type_fractions(self) -> dict[str, float]:
         n = self.num_layers
@@ -341,8 +374,10 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
                     default=_ACT_DEFAULT.get(family, "silu")))
     if act not in _ACTS and family != ArchFamily.TRANSFORMERS:  # transformers' own module applies its own
         raise ConfigError(f"hidden_act {act!r} is not supported for {model_type}")
+    mlp_kinds: tuple[str, ...] = ()
+    rope_layers: tuple[bool, ...] = ()
     if family == ArchFamily.TRANSFORMERS:
-        _refuse_mixed_layers(cfg)
+        mlp_kinds, rope_layers = depth_kinds(cfg, _pos_int("num_hidden_layers", _need(cfg, "num_hidden_layers")))
     pad = cfg.get("pad_token_id")
     vocab = _pos_int("vocab_size", _need(cfg, "vocab_size"))
     sw = cfg.get("sliding_window")
@@ -407,24 +442,60 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         moe_intermediate_size=(ffn if family == ArchFamily.MIXTRAL else moe_ffn) if experts else 0,
         shared_expert_intermediate_size=shared_ffn,
         hf_config=hf_cfg,
+        mlp_layer_types=mlp_kinds, rope_layers=rope_layers,
     )
 
 
-# Config keys by which transformers' model types mix dense and expert layers, or different blocks, along the depth
-# without a layer_types list: a traced cut of the first layers would stand for layers it does not contain.
-_MIXED_DEPTH_KEYS = ("first_k_dense_replace", "mlp_only_layers", "decoder_sparse_step", "interleave_moe_layer_step",
-                     "moe_layer_freq", "no_rope_layers", "no_rope_layer_interval", "hybrid_override_pattern",
+# Config keys by which transformers' model types mix layers along the depth in ways not modelled here (recurrent
+# blocks, interleaved MoE steps and ranges): a traced cut of the first layers would stand for layers it does not
+# contain. The MLP and RoPE rules `depth_kinds` reads are modelled.
+_MIXED_DEPTH_KEYS = ("interleave_moe_layer_step", "moe_layer_freq", "moe_layer_start_index", "hybrid_override_pattern",
                      "layers_block_type", "attn_layer_indices", "full_attn_idxs")
+# Keys `depth_kinds` reads: a trace of a cut writes them for the layers it keeps (engine/trace/hf_models.py)
+MLP_DEPTH_KEYS = ("mlp_layer_types", "first_k_dense_replace", "mlp_only_layers", "decoder_sparse_step")
+ROPE_DEPTH_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 
 
-def _refuse_mixed_layers(cfg: dict[str, Any]) -> None:
+def _int_list(name: str, v: Any, n: int) -> list[int]:
+    if not (isinstance(v, list) and len(v) >= n and all(isinstance(x, int) for x in v)):
+        raise ConfigError(f"{name} must list at least {n} integers (one per layer), got {str(v)[:60]}")
+    return [int(x) for x in v]
+
+
+def depth_kinds(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+    """Each layer's MLP kind ("dense" / "sparse", or the config's own `mlp_layer_types` words) and whether it
+    applies RoPE, by the rules transformers 5.17's model types read: `mlp_layer_types`; `first_k_dense_replace`
+    (DeepSeek-style: the first k layers dense); Qwen-MoE's `mlp_only_layers` / `decoder_sparse_step`; SmolLM3's and
+    Llama-4's `no_rope_layers` (1: RoPE) / `no_rope_layer_interval`. Empty where every layer is alike; a key
+    this does not model is refused."""
     for k in _MIXED_DEPTH_KEYS:
         v = cfg.get(k)
-        trivial = v is None or v == [] or v == 0 or (k in ("decoder_sparse_step", "interleave_moe_layer_step",
-                                                            "moe_layer_freq") and v == 1)
+        trivial = v is None or v == [] or v == 0 or (k in ("interleave_moe_layer_step", "moe_layer_freq") and v == 1)
         if not trivial:
-            raise ConfigError(f"{k}: layers that differ along the depth are modelled for the listed families "
-                              f"only; for this model use `tp-query trace`")
+            raise ConfigError(f"{k}: layers that differ along the depth this way are not modelled; for this model use "
+                              f"`tp-query trace`")
+    mlp: list[str] = []
+    given = cfg.get("mlp_layer_types")
+    if given is not None:
+        if not (isinstance(given, list) and len(given) >= n and all(isinstance(x, str) and x for x in given[:n])):
+            raise ConfigError(f"mlp_layer_types must list {n} MLP kinds (one per layer)")
+        mlp = list(given[:n])
+    elif cfg.get("first_k_dense_replace"):
+        k = cfg["first_k_dense_replace"]
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError(f"first_k_dense_replace must be a non-negative integer, got {k!r}")
+        mlp = ["dense" if i < k else "sparse" for i in range(n)]
+    elif cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) not in (1, None):
+        only = set(_int_list("mlp_only_layers", cfg.get("mlp_only_layers") or [], 0))
+        step = _pos_int("decoder_sparse_step", cfg.get("decoder_sparse_step") or 1)
+        mlp = ["dense" if i in only or (i + 1) % step else "sparse" for i in range(n)]
+    rope: list[bool] = []
+    if cfg.get("no_rope_layers") is not None:
+        rope = [bool(x) for x in _int_list("no_rope_layers", cfg["no_rope_layers"], n)[:n]]
+    elif cfg.get("no_rope_layer_interval"):
+        every = _pos_int("no_rope_layer_interval", cfg["no_rope_layer_interval"])
+        rope = [(i + 1) % every != 0 for i in range(n)]
+    return (tuple(mlp) if len(set(mlp)) > 1 else (), tuple(rope) if not all(rope) else ())
 
 
 # Keys never passed to transformers' config (they describe weights or serving, not the training graph).

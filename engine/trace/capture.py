@@ -16,7 +16,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -571,10 +571,10 @@ def trace_config(req: TraceRequest, *, full_warmup_step: bool = False) -> Graph:
     sdpa.install()
     st = SETTINGS[req.setting]
     t0 = time.perf_counter()
-    if req.spec.layer_types and req.traced_layers < req.spec.num_layers:
-        # layers differ in attention type: a leading layer, then one template of each type
-        tlt = req.spec.traced_layer_types()
-        spec_t = replace(req.spec, num_layers=len(tlt), layer_types=tlt)
+    if len(set(req.spec.layer_kinds())) > 1 and req.traced_layers < req.spec.num_layers:
+        # layers differ in kind (attention type, dense or sparse MLP, RoPE): a leading layer, then one template
+        # of each kind
+        spec_t = req.spec.cut(req.spec.traced_layer_indices())
     else:
         spec_t = req.spec.with_layers(req.traced_layers)
     n_traced = spec_t.num_layers
@@ -675,6 +675,8 @@ def trace_config(req: TraceRequest, *, full_warmup_step: bool = False) -> Graph:
                                  f"validated with {MODELLED_TRANSFORMERS} (other versions may dispatch other operators)"]
     if spec_t.layer_types:
         extra["traced_layer_types"] = list(spec_t.layer_types)
+    if len(set(req.spec.layer_kinds())) > 1:
+        extra["traced_layer_kinds"] = list(spec_t.layer_kinds())
     meta = GraphMeta(
         source="config", model=req.spec.to_dict(), setting=req.setting.value, micro_batch=req.micro_batch,
         seq_len=req.seq_len, tp=req.tp, sequence_parallel=shard.sequence_parallel, recompute=req.recompute,

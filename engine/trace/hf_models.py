@@ -22,7 +22,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 from tp_query.schema.messages import first_line
-from tp_query.schema.model_config import ArchFamily, ConfigError, ModelSpec
+from tp_query.schema.model_config import ROPE_DEPTH_KEYS, ArchFamily, ConfigError, ModelSpec, depth_kinds
 
 from .models import Shard, TPRegion, _ReduceFromTP, _ScatterSP, causal_lm_loss, packed_sequence_check
 
@@ -114,6 +114,7 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     cfg["num_hidden_layers"] = spec.num_layers
     if spec.layer_types:
         cfg["layer_types"] = list(spec.layer_types)
+    _write_depth_kinds(cfg, spec)
     if "head_dim" not in cfg and spec.family not in (ArchFamily.GPT_NEOX, ArchFamily.TRANSFORMERS):
         cfg["head_dim"] = spec.head_dim
     if shard.tp > 1:
@@ -126,6 +127,31 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
                 cfg[k] //= shard.tp
         cfg["pad_token_id"] = None  # a padding row belongs to one vocabulary shard (as the native builder)
     return _config_object(cfg)
+
+
+def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
+    """The config keys that say which layers are dense or sparse and which apply RoPE, rewritten for the layers
+    `spec` keeps (a trace's cut holds one layer of each kind), in the spelling the model type reads."""
+    n = spec.num_layers
+    if spec.mlp_layer_types:
+        kinds = list(spec.mlp_layer_types)
+        if "mlp_layer_types" in cfg:
+            cfg["mlp_layer_types"] = kinds
+        elif cfg.get("first_k_dense_replace"):
+            k = kinds.count("dense")
+            if kinds != ["dense"] * k + ["sparse"] * (n - k):
+                raise ConfigError(f"{spec.model_type}: dense layers after sparse ones cannot be written as "
+                                  f"first_k_dense_replace")
+            cfg["first_k_dense_replace"] = k
+        else:
+            cfg["mlp_only_layers"] = [i for i, x in enumerate(kinds) if x == "dense"]
+            cfg["decoder_sparse_step"] = 1
+    elif isinstance(cfg.get("mlp_layer_types"), list) and cfg["mlp_layer_types"]:
+        cfg["mlp_layer_types"] = [cfg["mlp_layer_types"][0]] * n  # every layer alike
+    if spec.rope_layers:
+        cfg["no_rope_layers"] = [int(x) for x in spec.rope_layers]
+    elif any(k in cfg for k in ROPE_DEPTH_KEYS):
+        cfg["no_rope_layers"] = [1] * n
 
 
 def _config_object(cfg: dict[str, Any]) -> Any:
@@ -157,15 +183,53 @@ def check_layer_kinds(spec: ModelSpec) -> None:
         raise ConfigError(f"{spec.model_type}: layers of kind {', '.join(other)} (recurrent or linear attention, "
                           f"whose kernels come from optional packages) are not modelled")
     cfg = json.loads(spec.hf_config)
+    cfg["num_hidden_layers"] = spec.num_layers
+    obj = _config_object(cfg)
+    # which layers are dense or sparse and which apply RoPE, by the model type's own defaults too
+    own_dict = obj.to_dict()
+    try:
+        own_kinds = depth_kinds(own_dict, spec.num_layers)
+    except ConfigError as e:
+        raise ConfigError(f"{spec.model_type}: {e}") from None
+    if own_kinds != (spec.mlp_layer_types, spec.rope_layers):
+        def count(xs: tuple[Any, ...]) -> dict[str, int]:
+            return {str(k): xs.count(k) for k in dict.fromkeys(xs)}
+
+        raise ConfigError(f"{spec.model_type}: transformers builds its layers' MLPs as "
+                          f"{count(own_kinds[0]) or 'all alike'} and RoPE as {count(own_kinds[1]) or 'everywhere'}, "
+                          f"not as the config reads; give first_k_dense_replace / mlp_layer_types / no_rope_layers "
+                          f"in the config")
     if "layer_types" in cfg:
         return  # the config says, and the parser read it
-    cfg["num_hidden_layers"] = spec.num_layers
-    own = getattr(_config_object(cfg), "layer_types", None)
+    own = getattr(obj, "layer_types", None)
     assumed = list(spec.layer_types) or ["full_attention"] * spec.num_layers
     if own is not None and list(own)[:spec.num_layers] != assumed:
         kinds = {k: list(own).count(k) for k in dict.fromkeys(own)}
         raise ConfigError(f"{spec.model_type}: transformers builds its layers as {kinds}, not as the config reads; give "
                           f"layer_types in the config")
+
+
+def _check_layer_kinds_built(layers: nn.ModuleList, spec: ModelSpec) -> None:
+    """The module transformers built from a cut's config holds the layer kinds the spec says: layers of one kind
+    alike, of different MLP kinds different, RoPE where the spec has it (where the attention says)."""
+    seen: dict[str, tuple[Any, ...]] = {}
+    mlps: dict[str, tuple[Any, ...]] = {}
+    for i, layer in enumerate(layers):
+        shapes = tuple((n, tuple(p.shape)) for n, p in layer.named_parameters())
+        rope = getattr(_attn_attr(layer), "use_rope", None)
+        if spec.rope_layers and rope is not None and bool(rope) != spec.rope_layers[i]:
+            raise ConfigError(f"{spec.model_type}: layer {i} of the traced cut applies RoPE {bool(rope)}, the config "
+                              f"reads {spec.rope_layers[i]}; for this model use `tp-query trace`")
+        kind = spec.layer_kind(i)
+        if seen.setdefault(kind, shapes) != shapes:
+            raise ConfigError(f"{spec.model_type}: layers of one kind ({kind}) differ in the traced cut; for this "
+                              f"model use `tp-query trace`")
+        if spec.mlp_layer_types:
+            mk = spec.mlp_layer_types[i]
+            if any(v == shapes for k, v in mlps.items() if k != mk):
+                raise ConfigError(f"{spec.model_type}: its {mk} and other MLP layers came out alike in the traced cut; "
+                                  f"for this model use `tp-query trace`")
+            mlps.setdefault(mk, shapes)
 
 
 def _find(obj: nn.Module, names: tuple[str, ...], what: str, mt: str) -> Any:
@@ -211,6 +275,8 @@ class HFCausalLM(nn.Module):
         if not isinstance(self.layers, nn.ModuleList) or not isinstance(self.head.lm_head, nn.Linear):
             raise ConfigError(f"transformers' {mt} module is not a plain decoder (layer list and LM head); for this "
                               f"model use `tp-query trace`")
+        if self.generic:
+            _check_layer_kinds_built(self.layers, spec)
         self.hf = hf
         self.base = base
         self.final_softcap = getattr(hf.config, "final_logit_softcapping", None)

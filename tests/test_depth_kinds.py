@@ -1,0 +1,114 @@
+"""Layers that differ along the depth in more than attention type, for model types known only to transformers:
+dense layers before sparse (mixture-of-experts) ones (GLM-4.5, DeepSeek-style `first_k_dense_replace`, EXAONE's
+`mlp_layer_types`, Qwen-MoE's `mlp_only_layers`) and layers without RoPE (SmolLM3's `no_rope_layers`). A trace runs
+a leading layer and one layer of each kind; the engine composes the model's layers from those templates, each
+layer's parameters from its own kind's."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from tp_query.schema.model_config import ConfigError, depth_kinds, parse_config
+
+_SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 32, "vocab_size": 512, "max_position_embeddings": 256}
+GLM = {**_SMALL, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_hidden_layers": 6,
+       "first_k_dense_replace": 2, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+       "n_shared_experts": 1, "partial_rotary_factor": 0.5, "attention_bias": True, "pad_token_id": 0}
+SMOL = {**_SMALL, "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "num_hidden_layers": 8,
+        "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(8)], "no_rope_layer_interval": 4,
+        "use_sliding_window": False, "pad_token_id": 0}
+
+
+def test_depth_rules_read_each_layers_kind() -> None:
+    assert depth_kinds({"first_k_dense_replace": 2}, 4) == (("dense", "dense", "sparse", "sparse"), ())
+    assert depth_kinds({"first_k_dense_replace": 5}, 4) == ((), ())  # every layer of the cut dense: alike
+    assert depth_kinds({"mlp_layer_types": ["dense", "sparse", "sparse"]}, 3) == (("dense", "sparse", "sparse"), ())
+    # mlp_layer_types outranks first_k_dense_replace (as EXAONE-MoE's config says)
+    assert depth_kinds({"mlp_layer_types": ["sparse"] * 3, "first_k_dense_replace": 1}, 3) == ((), ())
+    assert depth_kinds({"mlp_only_layers": [1], "decoder_sparse_step": 1}, 3) == (("sparse", "dense", "sparse"), ())
+    assert depth_kinds({"decoder_sparse_step": 2}, 4) == (("dense", "sparse", "dense", "sparse"), ())
+    assert depth_kinds({"no_rope_layer_interval": 4}, 8) == ((), (True, True, True, False) * 2)
+    assert depth_kinds({"no_rope_layers": [1, 0, 1], "no_rope_layer_interval": 4}, 3) == ((), (True, False, True))
+    assert depth_kinds({"no_rope_layers": [1, 1]}, 2) == ((), ())
+    for bad in ({"interleave_moe_layer_step": 2}, {"moe_layer_freq": 2}, {"moe_layer_start_index": 1},
+                {"hybrid_override_pattern": "M*M*"}):
+        with pytest.raises(ConfigError, match="not modelled"):
+            depth_kinds(bad, 4)
+    with pytest.raises(ConfigError, match="one per layer"):
+        depth_kinds({"no_rope_layers": [1, 0]}, 4)
+    with pytest.raises(ConfigError, match="non-negative"):
+        depth_kinds({"first_k_dense_replace": -1}, 4)
+
+
+def test_a_spec_traces_one_layer_of_each_kind() -> None:
+    spec = parse_config(GLM)
+    assert spec.layer_kinds() == ("full_attention|mlp=dense",) * 2 + ("full_attention|mlp=sparse",) * 4
+    assert spec.traced_layer_indices() == (0, 0, 2)
+    cut = spec.cut(spec.traced_layer_indices())
+    assert cut.mlp_layer_types == ("dense", "dense", "sparse") and cut.num_layers == 3
+    smol = parse_config(SMOL)
+    assert smol.traced_layer_indices() == (0, 0, 3)
+    assert smol.cut((0, 0, 3)).rope_layers == (True, True, False)
+    # a cut of the first layers that are all alike has no kinds left
+    assert parse_config({**GLM, "num_hidden_layers": 2}).mlp_layer_types == ()
+
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def _layer_ops(g, layers: list[int]) -> Counter:  # type: ignore[no-untyped-def]
+    from tp_query.engine.graph import Section
+
+    return Counter((o.op, o.sig, o.phase.value) for o in g.ops if o.section == Section.LAYER and o.layer in layers)
+
+
+@pytest.mark.parametrize("cfg", [GLM, SMOL], ids=["glm4_moe", "smollm3"])
+def test_templates_stand_for_every_layer_of_their_kind(cfg: dict) -> None:
+    """The cut's templates, each counted for the layers of its kind, give the whole model's layer operators, its
+    parameters and, with PP, each stage's own parameters."""
+    from tp_query.engine.compose import Composer
+    from tp_query.engine.flops import graph_parameter_count
+    from tp_query.engine.graph import layer_template_of
+    from tp_query.engine.parallel import ParallelConfig
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.engine.trace.hf_models import hf_config_for
+    from tp_query.engine.trace.models import Shard
+    from tp_query.schema.precision import Setting
+
+    spec = parse_config(cfg)
+    n = spec.num_layers
+    cut = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
+    assert cut.meta.traced_layers == 3 and cut.meta.extra["traced_layer_kinds"] == list(spec.cut((0, 0, 3 if
+                                                                                                 cfg is SMOL else 2)).layer_kinds())
+    whole = trace_config(TraceRequest(spec, Setting.BF16, 1, 32, traced_layers=n))
+    assert whole.meta.traced_layers == n
+    template = layer_template_of(cut.meta)
+    composed: Counter = Counter()
+    for i in range(1, n):  # layer 0 is each trace's leading layer (the model's first)
+        composed.update(_layer_ops(cut, [template[i]]))
+    assert composed == _layer_ops(whole, list(range(1, n)))
+    real = transformers.AutoModelForCausalLM.from_config(hf_config_for(spec, Shard()))
+    n_real = sum(p.numel() for p in real.parameters())
+    assert graph_parameter_count(cut) == n_real
+    comp = Composer(cut, allow_tf32=False)
+    stages = comp.stages(ParallelConfig(pp=2, global_batch=2))
+    assert sum(s.param_numel for s in stages) == n_real
+    own = {name: p.numel() for name, p in real.named_parameters()}
+    for s in stages:  # stage 0 holds the dense layers (GLM), each layer its own kind's parameters
+        for p in s.params:
+            if p.section.value == "layer":
+                assert own["model." + p.name] == p.numel, p.name
+
+
+def test_a_kind_rule_transformers_reads_otherwise_is_refused() -> None:
+    """GLM-4.5's config class makes the first layer dense by default: a config that leaves first_k_dense_replace out
+    reads as all sparse here, and the trace says so instead of pricing the wrong layers."""
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.schema.precision import Setting
+
+    bare = {k: v for k, v in GLM.items() if k != "first_k_dense_replace"}
+    with pytest.raises(ConfigError, match="first_k_dense_replace"):
+        trace_config(TraceRequest(parse_config(bare), Setting.BF16, 1, 32))
