@@ -193,6 +193,19 @@ SMOLLM3_3B = {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", 
               "sliding_window": None, "max_window_layers": 28, "rope_theta": 5000000.0, "rms_norm_eps": 1e-6,
               "max_position_embeddings": 65536, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
               "tie_word_embeddings": True, "pad_token_id": 128004, "eos_token_id": 128012}
+# Two more MoE model types (added with the grouped-GEMM grid, predicted from it before their runs were read):
+# dots.llm1 (first layer dense, 128 experts, 2 shared) and OLMoE (64 experts in every layer), as published
+DOTS1 = {"architectures": ["Dots1ForCausalLM"], "model_type": "dots1", "hidden_size": 4096, "intermediate_size": 10944,
+         "moe_intermediate_size": 1408, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+         "num_hidden_layers": 62, "vocab_size": 152064, "n_routed_experts": 128, "n_shared_experts": 2,
+         "num_experts_per_tok": 6, "first_k_dense_replace": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+         "n_group": 1, "topk_group": 1, "rms_norm_eps": 1e-5, "rope_theta": 10000000, "max_position_embeddings": 32768,
+         "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False}
+OLMOE_1B_7B = {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 2048, "intermediate_size": 1024,
+               "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 16, "vocab_size": 50304,
+               "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "rms_norm_eps": 1e-5,
+               "rope_theta": 10000, "max_position_embeddings": 4096, "hidden_act": "silu", "tie_word_embeddings": False,
+               "pad_token_id": 1}
 GENERIC_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
     "olmo2-7b": (OLMO2_7B, 4, 1, 4096),
     "granite3-8b": (GRANITE3_8B, 4, 1, 4096),
@@ -201,6 +214,8 @@ GENERIC_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
     "starcoder2-7b": (STARCODER2_7B, 4, 1, 4096),
     "glm4.5-air": (GLM45_AIR, 3, 1, 4096),
     "smollm3-3b": (SMOLLM3_3B, 4, 1, 4096),
+    "dots1": (DOTS1, 3, 1, 4096),
+    "olmoe-1b-7b": (OLMOE_1B_7B, 4, 1, 4096),
 }
 GENERIC_SETTINGS = ("amp_bf16", "bf16", "tf32", "amp_fp16")
 
