@@ -206,6 +206,25 @@ OLMOE_1B_7B = {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hi
                "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "rms_norm_eps": 1e-5,
                "rope_theta": 10000, "max_position_embeddings": 4096, "hidden_act": "silu", "tie_word_embeddings": False,
                "pad_token_id": 1}
+# Multi-head latent attention (DeepSeek-V2's and V3's model types), first layer dense, 64 experts: DeepSeek-V2-Lite and
+# Moonlight-16B-A3B, as published (their YaRN rope scaling left out)
+DEEPSEEK_V2_LITE = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
+                    "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_attention_heads": 16,
+                    "num_key_value_heads": 16, "num_hidden_layers": 27, "vocab_size": 102400, "n_routed_experts": 64,
+                    "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+                    "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                    "v_head_dim": 128, "head_dim": 64, "norm_topk_prob": False, "routed_scaling_factor": 1.0,
+                    "topk_method": "greedy", "n_group": 1, "topk_group": 1, "rms_norm_eps": 1e-6, "rope_theta": 10000,
+                    "max_position_embeddings": 163840, "hidden_act": "silu", "tie_word_embeddings": False,
+                    "attention_bias": False, "bos_token_id": 100000, "eos_token_id": 100001}
+MOONLIGHT_16B = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 2048,
+                 "intermediate_size": 11264, "moe_intermediate_size": 1408, "num_attention_heads": 16,
+                 "num_key_value_heads": 16, "num_hidden_layers": 27, "vocab_size": 163840, "n_routed_experts": 64,
+                 "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "kv_lora_rank": 512,
+                 "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                 "head_dim": 64, "norm_topk_prob": True, "routed_scaling_factor": 2.446, "n_group": 1, "topk_group": 1,
+                 "rms_norm_eps": 1e-5, "rope_theta": 50000.0, "max_position_embeddings": 8192, "hidden_act": "silu",
+                 "tie_word_embeddings": False, "attention_bias": False, "bos_token_id": 163584, "eos_token_id": 163585}
 GENERIC_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
     "olmo2-7b": (OLMO2_7B, 4, 1, 4096),
     "granite3-8b": (GRANITE3_8B, 4, 1, 4096),
@@ -216,6 +235,8 @@ GENERIC_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
     "smollm3-3b": (SMOLLM3_3B, 4, 1, 4096),
     "dots1": (DOTS1, 3, 1, 4096),
     "olmoe-1b-7b": (OLMOE_1B_7B, 4, 1, 4096),
+    "deepseek-v2-lite": (DEEPSEEK_V2_LITE, 4, 1, 4096),
+    "moonlight-16b": (MOONLIGHT_16B, 4, 1, 4096),
 }
 GENERIC_SETTINGS = ("amp_bf16", "bf16", "tf32", "amp_fp16")
 

@@ -5,8 +5,8 @@ model_type spellings, how its config reads into a `ModelSpec` (attention: GQA, q
 windows and their per-layer alternation; MLP: gated, fused, or a routed mixture of experts with
 shared experts), and which graph builder runs it: our own op-for-op copies for Llama and GPT-2
 (`native`), transformers' own modules for the others (`hf`). The training graph is what
-transformers 5.17 runs with SDPA. Anything else is refused with a clear message (DeepSeek's
-multi-head latent attention among them); a user can still `tp-query trace` their module.
+transformers 5.17 runs with SDPA (DeepSeek's multi-head latent attention included). Anything else is refused
+with a clear message; a user can still `tp-query trace` their module.
 """
 
 from __future__ import annotations
@@ -66,12 +66,7 @@ ARCHITECTURES: dict[str, tuple[ArchFamily, str]] = {
 }
 MODEL_TYPES: dict[str, tuple[ArchFamily, str]] = {v[1]: v for v in ARCHITECTURES.values()}
 # Known and refused, with the reason (the generic message names what is supported).
-REFUSED: dict[str, str] = {
-    "deepseek_v2": "DeepSeek-V2's multi-head latent attention (low-rank compressed K/V) is not modelled",
-    "deepseek_v3": "DeepSeek-V3's multi-head latent attention (low-rank compressed K/V) is not modelled",
-    "DeepseekV2ForCausalLM": "DeepSeek-V2's multi-head latent attention (low-rank compressed K/V) is not modelled",
-    "DeepseekV3ForCausalLM": "DeepSeek-V3's multi-head latent attention (low-rank compressed K/V) is not modelled",
-}
+REFUSED: dict[str, str] = {}
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 

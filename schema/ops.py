@@ -92,8 +92,8 @@ FAMILIES: dict[Family, FamilySpec] = {
     # masked: an additive mask (sliding windows) makes cuDNN compute every tile; rows stored before the
     # feature existed read NULL, i.e. unmasked
     Family.ATTENTION: FamilySpec(Family.ATTENTION, ("heads", "seq_q"), ("head_dim", "causal", "dropout", "seq_k_eq",
-                                                                         "masked"),
-                                 derive=lambda f: {"masked": bool(f.get("masked"))}),
+                                                                         "masked", "layout"),
+                                 derive=lambda f: {"masked": bool(f.get("masked")), "layout": f.get("layout") or ""}),
     Family.ROWWISE: FamilySpec(Family.ROWWISE, ("rows", "cols"), (), log_space=False),
     Family.EMBEDDING: FamilySpec(Family.EMBEDDING, ("tokens", "vocab", "dim"), (), log_space=False),
     Family.FOREACH: FamilySpec(Family.FOREACH, ("tensors", "numel"), ("pattern",), log_space=False),
@@ -565,12 +565,15 @@ ATTN_BWD_ARGS = {
 }
 
 
-def _attn_common(q: TensorSpec, k: TensorSpec, dropout: Any, causal: Any) -> Features:
+def _attn_common(q: TensorSpec, k: TensorSpec, v: TensorSpec, dropout: Any, causal: Any) -> Features:
+    """head_dim is the query/key head's; a value head of another size (DeepSeek's multi-head latent attention:
+    192 and 128) is part of the category as `layout` "dv<size>" (empty where they are equal)."""
     b, h, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
+    dv = v.shape[-1] if v.shape else d
     return {"batch": b, "heads": b * h, "kv_heads_ratio": max(h // max(hk, 1), 1), "seq_q": sq,
             "seq_k_eq": sk == sq, "head_dim": d, "causal": bool(causal), "dropout": bool(dropout and dropout > 0),
-            "_seq_k": sk}
+            "_seq_k": sk, "_v_head_dim": dv, **({"layout": f"dv{dv}"} if dv != d else {})}
 
 
 # where an attention call carries its additive mask (attn_bias), if any
@@ -589,13 +592,14 @@ def _masked(c: OpCall) -> bool:
 
 def _attn_fwd_features(c: OpCall) -> Features:
     di, ci = ATTN_FWD_ARGS[c.op]
-    return {**_attn_common(c.arg_tensor(0), c.arg_tensor(1), _arg(c, di, 0.0), _arg(c, ci, False)),
+    return {**_attn_common(c.arg_tensor(0), c.arg_tensor(1), c.arg_tensor(2), _arg(c, di, 0.0), _arg(c, ci, False)),
             "masked": _masked(c)}
 
 
 def _attn_bwd_features(c: OpCall) -> Features:
     qi, di, ci, _ = ATTN_BWD_ARGS[c.op]
-    return {**_attn_common(c.arg_tensor(qi), c.arg_tensor(qi + 1), _arg(c, di, 0.0), _arg(c, ci, False)),
+    return {**_attn_common(c.arg_tensor(qi), c.arg_tensor(qi + 1), c.arg_tensor(qi + 2), _arg(c, di, 0.0),
+                           _arg(c, ci, False)),
             "masked": _masked(c)}
 
 
@@ -605,7 +609,8 @@ def _arg(c: OpCall, i: int, default: Any) -> Any:
 
 def _attn_flops(mult: float) -> Callable[[OpCall, Features], float]:
     def f(c: OpCall, feat: Features) -> float:
-        full = 4.0 * feat["heads"] * feat["seq_q"] * feat["_seq_k"] * feat["head_dim"]
+        # scores (query/key head) and P @ V (value head)
+        full = 2.0 * feat["heads"] * feat["seq_q"] * feat["_seq_k"] * (feat["head_dim"] + feat["_v_head_dim"])
         return mult * full * (0.5 if feat["causal"] else 1.0)
     return f
 
@@ -613,19 +618,21 @@ def _attn_flops(mult: float) -> Callable[[OpCall, Features], float]:
 ATTN_SEQS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 ATTN_HEADS = (1, 2, 4, 8, 16, 32, 64)
 ATTN_HEAD_DIMS = (64, 128)
+MLA_HEAD_DIMS = (192, 128)  # (query/key, value) head sizes of multi-head latent attention
 ATTN_FLOP_CAP = {Precision.FP32: 0.4e12, Precision.TF32: 0.4e12, Precision.FP16: 6e12, Precision.BF16: 6e12}
 
 
-def attn_qkv(b: int, h: int, hk: int, s: int, d: int, dt: DType) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
-    """q, k, v as HF passes them: [B, H, S, D] views of [B, S, H, D] projections."""
-    def proj(heads: int) -> TensorSpec:
-        return _t((b, heads, s, d), dt, (s * heads * d, d, heads * d, 1))
-    return proj(h), proj(hk), proj(hk)
+def attn_qkv(b: int, h: int, hk: int, s: int, d: int, dt: DType, dv: int | None = None
+             ) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
+    """q, k, v as HF passes them: [B, H, S, D] views of [B, S, H, D] projections (values of head size dv)."""
+    def proj(heads: int, dim: int) -> TensorSpec:
+        return _t((b, heads, s, dim), dt, (s * heads * dim, dim, heads * dim, 1))
+    return proj(h, d), proj(hk, d), proj(hk, dv or d)
 
 
 def attention_fwd_call(op: str, b: int, h: int, hk: int, s: int, d: int, dt: DType, causal: bool,
-                       dropout: float = 0.0, scale: float | None = None) -> OpCall:
-    q, k, v = attn_qkv(b, h, hk, s, d, dt)
+                       dropout: float = 0.0, scale: float | None = None, dv: int | None = None) -> OpCall:
+    q, k, v = attn_qkv(b, h, hk, s, d, dt, dv)
     kw: tuple[tuple[str, Any], ...] = (("scale", scale if scale is not None else d ** -0.5),)
     if op == "aten._scaled_dot_product_cudnn_attention.default":
         return OpCall(op, (q, k, v, None, True, dropout, causal, False), kw)
@@ -637,11 +644,12 @@ def attention_fwd_call(op: str, b: int, h: int, hk: int, s: int, d: int, dt: DTy
 
 
 def attention_bwd_call(fwd_op: str, b: int, h: int, hk: int, s: int, d: int, dt: DType, causal: bool,
-                       dropout: float = 0.0, scale: float | None = None) -> OpCall:
+                       dropout: float = 0.0, scale: float | None = None, dv: int | None = None) -> OpCall:
     """A backward call in the collector's canonical form: the collector runs the forward to fill the
     tensors that only a forward can produce (output, logsumexp, rng state)."""
-    q, k, v = attn_qkv(b, h, hk, s, d, dt)
-    go = _t((b, h, s, d), dt, (s * h * d, d, h * d, 1))
+    q, k, v = attn_qkv(b, h, hk, s, d, dt, dv)
+    e = dv or d
+    go = _t((b, h, s, e), dt, (s * h * e, e, h * e, 1))
     out = go
     lse = _t((b, h, s), DType.FP32)
     sc = scale if scale is not None else d ** -0.5
@@ -677,6 +685,16 @@ def _attn_grid(fwd_op: str, backward: bool, precisions: tuple[Precision, ...]) -
                         yield make(fwd_op, 1, h, h // ratio, s, d, dt, True)
                         if d == 64 and ratio == 1:  # GPT-style models train with attention dropout
                             yield make(fwd_op, 1, h, h, s, d, dt, True, 0.1)
+        if fwd_op == _FLASH:  # flash needs one head size for query, key and value
+            return
+        # multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, Moonlight): query/key heads of 192, value 128
+        for s in ATTN_SEQS:
+            for h in ATTN_HEADS:
+                dq, dv = MLA_HEAD_DIMS
+                if 2.0 * h * s * s * (dq + dv) * 0.5 * (2.5 if backward else 1.0) > ATTN_FLOP_CAP[p]:
+                    continue
+                make = attention_bwd_call if backward else attention_fwd_call
+                yield make(fwd_op, 1, h, h, s, dq, dt, True, dv=dv)
     return grid
 
 
@@ -1142,7 +1160,8 @@ VIEW_OPS = (
     "aten.new_empty_strided.default", "aten.chunk.default", "aten.narrow.default", "aten.view_as.default",
     "aten.reshape.default", "aten._to_copy.nocopy", "aten.set_.source_Storage_storage_offset",
     "aten.resize_.default", "aten.diagonal.default", "aten.expand_as.default", "aten.unfold.default",
-    "aten.flatten.using_ints", "aten.contiguous.default",
+    "aten.flatten.using_ints", "aten.contiguous.default", "aten.view_as_complex.default",
+    "aten.view_as_real.default",
 )
 HOST_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default",
             "aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default", "aten.sym_storage_offset.default",

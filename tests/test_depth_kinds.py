@@ -112,3 +112,35 @@ def test_a_kind_rule_transformers_reads_otherwise_is_refused() -> None:
     bare = {k: v for k, v in GLM.items() if k != "first_k_dense_replace"}
     with pytest.raises(ConfigError, match="first_k_dense_replace"):
         trace_config(TraceRequest(parse_config(bare), Setting.BF16, 1, 32))
+
+
+DSV3 = {**_SMALL, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 4,
+        "num_key_value_heads": 4,
+        "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "n_shared_experts": 1, "kv_lora_rank": 64, "q_lora_rank": 96, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+        "v_head_dim": 32, "head_dim": 16, "n_group": 1, "topk_group": 1, "pad_token_id": 0}
+
+
+@pytest.mark.parametrize("setting", ["bf16", "tf32"])
+def test_latent_attention_runs_with_its_own_value_head(setting: str) -> None:
+    """DeepSeek-V3's multi-head latent attention: SDPA with query/key heads of 48 and value heads of 32 (cuDNN in
+    half precision, efficient attention in fp32, as an H200 picks); the value head is part of the attention's
+    category, and its work counts both heads."""
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.schema.ops import Family, describe
+    from tp_query.schema.precision import Setting
+    from tp_query.schema.signature import OpCall
+
+    spec = parse_config(DSV3)
+    assert spec.mlp_layer_types == ("dense", "sparse", "sparse", "sparse")
+    g = trace_config(TraceRequest(spec, Setting(setting), 1, 32))
+    want = "cudnn" if setting == "bf16" else "efficient"
+    attn = [o for o in g.ops if "scaled_dot_product" in o.op]
+    assert attn and all(want in o.op for o in attn)
+    for o in attn:
+        info = describe(OpCall.from_json_str(o.op, o.sig), setting == "tf32")
+        assert info.family == Family.ATTENTION and info.features["layout"] == "dv32"
+        assert info.features["head_dim"] == 48
+        if o.phase.value == "fwd":  # causal: half of 2 x heads x s^2 x (48 + 32)
+            heads = info.features["heads"]
+            assert info.flops == pytest.approx(0.5 * 2 * heads * 32 * 32 * (48 + 32))

@@ -34,7 +34,13 @@ def test_every_grid_call_describes_and_keys() -> None:
         assert info.bytes > 0
         if info.family == Family.GEMM:
             f = info.features
-            assert info.flops == 2 * f["batch"] * f["m"] * f["n"] * f["k"]
+            # a grouped GEMM's rows (or shared dimension) are the total over its groups
+            per = 1 if str(f.get("layout", "")).startswith("grouped:2d") else f["batch"]
+            assert info.flops == 2 * per * f["m"] * f["n"] * f["k"]
+        if "_v_head_dim" in info.features:  # SDPA: scores over the query/key head, P @ V over the value head
+            f = info.features
+            dq, dv = call.arg_tensor(0).shape[-1], f["_v_head_dim"]
+            assert f.get("layout", "") == ("" if dq == dv else f"dv{dv}")
             assert info.precision == p
         key = call_key(call.op, call.to_json_str(), info.math_mode)
         seen.add(key)

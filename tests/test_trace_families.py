@@ -79,7 +79,6 @@ def test_moe_records_grouped_gemms_and_tp_shards_experts() -> None:
 
 
 @pytest.mark.parametrize("cfg, msg", [
-    ({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}, "latent attention"),
     ({**TINY_FAMILIES["qwen2-moe"], "mlp_only_layers": [1]}, "mlp_only_layers"),
     ({**TINY_FAMILIES["gemma2"], "layer_types": ["nope"] * 4}, "layer_types"),
 ])
