@@ -311,7 +311,7 @@ class _FamilyPoints:
         self.by_op: dict[tuple[str, str], list[Point]] = defaultdict(list)
         self.by_name: dict[str, list[Point]] = defaultdict(list)
         for r in rows:
-            base = (r["op"], r["precision"], r["math_mode"], r["dtypes"])
+            base = (r["op"], r["precision"], r["math_mode"], _category_dtypes(fam, r["dtypes"]))
             pt = Point(_axes(spec, r), float(r["latency_us"]), float(r["latency_warm_us"] or r["latency_us"]),
                        roofline_us(r["flops"], r["bytes"], _prec(r["precision"]), gpu))
             self.strict[base + _exact_features(spec, r)].append(pt)
@@ -331,7 +331,7 @@ class _FamilyPoints:
 
     def estimate(self, q: Query) -> Estimate:
         spec = self.spec
-        base = (q.op, str(q.info.precision), q.info.math_mode, q.info.dtypes)
+        base = (q.op, str(q.info.precision), q.info.math_mode, _category_dtypes(self.spec.family, q.info.dtypes))
         sk = base + _exact_features(spec, q.info.features)
         roof = roofline_us(q.info.flops, q.info.bytes, q.info.precision, self.gpu)
         ax = _axes(spec, q.info.features)
@@ -369,6 +369,16 @@ class _FamilyPoints:
             return 0.0, 0.0, 0
         c, w, _, n = slow.estimate(ax, 1.0)
         return c, w, n
+
+
+def _category_dtypes(fam: Family, dtypes: str | None) -> str:
+    """The dtypes that set a category: an attention call's int64 scalars are its RNG seed and offset, host tensors
+    in a traced step and device tensors where the collector's forward made them; they carry no work (the grid's
+    attention backward points were unreachable from traced calls before this, 2026-12-01)."""
+    d = str(dtypes or "")
+    if fam == Family.ATTENTION:
+        return ",".join(x for x in d.split(",") if x != "i64")
+    return d
 
 
 def _prec(s: str) -> Any:
