@@ -236,3 +236,33 @@ def test_scattered_points_fit_a_local_power_law() -> None:
     # linear-space families (bytes moved) keep the inverse-distance blend
     lin = Category(pts, log_space=False)
     assert lin.estimate(q, roof_q)[3] == 4
+
+
+def test_attention_seed_scalars_do_not_split_a_category() -> None:
+    """The collector's attention backward holds the RNG seed and offset on the device, a traced step's on the host:
+    a traced call is still priced from the grid's points of its category (interpolated between two sequence
+    lengths of a closed-form quadratic law, not held from elsewhere)."""
+    from tp_query.schema.ops import attention_bwd_call
+
+    op = "aten._scaled_dot_product_efficient_attention.default"
+    rows = []
+    for s in (1024, 2048, 4096, 8192):
+        for h in (8, 16, 32):
+            call = attention_bwd_call(op, 1, h, h, s, 128, DType.FP32, True)
+            info = describe(call, False)
+            assert info.dtypes == "fp32,i64"
+            t = 1e-4 * h * s * s / 1024
+            rows.append({"key": call_key(call.op, call.to_json_str(), info.math_mode), "op": call.op,
+                         "family": "attention", "precision": "fp32", "math_mode": "", "dtypes": info.dtypes,
+                         "flops": info.flops, "bytes": info.bytes, "latency_us": t, "latency_warm_us": t,
+                         **{k: v for k, v in info.features.items() if not k.startswith("_")}})
+    traced = attention_bwd_call(op, 1, 16, 16, 2896, 128, DType.FP32, True)
+    seed = TensorSpec((), DType.I64, host=True)
+    traced = OpCall(traced.op, tuple(seed if isinstance(a, TensorSpec) and a.dtype == DType.I64 else a
+                                     for a in traced.args), traced.kwargs)
+    info = describe(traced, False)
+    assert info.dtypes == "fp32"
+    q = Query(call_key(traced.op, traced.to_json_str(), info.math_mode), traced.op, info)
+    e = LatencyModel(FakeDb(rows), H200).estimate([q])[q.key]
+    assert e.source == Source.INTERPOLATED
+    assert e.cold_us == pytest.approx(1e-4 * 16 * 2896 ** 2 / 1024, rel=0.02)
