@@ -225,6 +225,18 @@ MOONLIGHT_16B = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deep
                  "head_dim": 64, "norm_topk_prob": True, "routed_scaling_factor": 2.446, "n_group": 1, "topk_group": 1,
                  "rms_norm_eps": 1e-5, "rope_theta": 50000.0, "max_position_embeddings": 8192, "hidden_act": "silu",
                  "tie_word_embeddings": False, "attention_bias": False, "bos_token_id": 163584, "eos_token_id": 163585}
+# Llama-4 Scout's language model (16 experts top-1 and a shared expert in every layer, RoPE layers attending within
+# 8192-token chunks, every fourth layer without RoPE), and the same with MoE in every other layer as Maverick has it;
+# bf16 only: their fp32 master weights do not fit one H200 at 4 layers
+LLAMA4_SCOUT = {"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text", "hidden_size": 5120,
+                "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_attention_heads": 40,
+                "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 48, "vocab_size": 202048,
+                "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "no_rope_layers": [],
+                "use_qk_norm": True, "attention_chunk_size": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+                "max_position_embeddings": 10485760, "hidden_act": "silu", "tie_word_embeddings": False,
+                "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1, "pad_token_id": 200018,
+                "bos_token_id": 200000, "eos_token_id": [200001, 200007, 200008]}
+LLAMA4_INTERLEAVED = {**LLAMA4_SCOUT, "interleave_moe_layer_step": 2}
 GENERIC_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
     "olmo2-7b": (OLMO2_7B, 4, 1, 4096),
     "granite3-8b": (GRANITE3_8B, 4, 1, 4096),
@@ -267,8 +279,15 @@ def fp8_cases() -> list[Case]:
     return held_out_cases(FP8_CASES, FP8_SETTINGS)
 
 
+BF16_ONLY_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
+    "llama4-scout": (LLAMA4_SCOUT, 4, 1, 4096),
+    "llama4-interleaved": (LLAMA4_INTERLEAVED, 4, 1, 4096),
+}
+
+
 def family_cases() -> list[Case]:
-    return held_out_cases(FAMILY_CASES, FAMILY_SETTINGS) + held_out_cases(GENERIC_CASES, GENERIC_SETTINGS)
+    return held_out_cases(FAMILY_CASES, FAMILY_SETTINGS) + held_out_cases(GENERIC_CASES, GENERIC_SETTINGS) + \
+        held_out_cases(BF16_ONLY_CASES, ("bf16",))
 
 
 MODELS: dict[str, dict[str, Any]] = {

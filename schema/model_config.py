@@ -68,7 +68,7 @@ MODEL_TYPES: dict[str, tuple[ArchFamily, str]] = {v[1]: v for v in ARCHITECTURES
 # Known and refused, with the reason (the generic message names what is supported).
 REFUSED: dict[str, str] = {}
 
-FULL, SLIDING = "full_attention", "sliding_attention"
+FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 
 
 @dataclass(frozen=True)
@@ -379,6 +379,10 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     use_sw = cfg.get("use_sliding_window", model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"))
     window = _pos_int("sliding_window", sw) if (sw is not None and use_sw is not False) else None
     layer_types = _layer_types(cfg, family, model_type, n_layers, window)
+    if family == ArchFamily.TRANSFORMERS and "layer_types" not in cfg:
+        chunk = with_depth_defaults(cfg).get("attention_chunk_size")
+        if chunk:  # Llama-4: its RoPE layers attend within chunks (a mask), its NoPE layers to everything
+            layer_types = tuple(CHUNKED if (not rope_layers or rope_layers[i]) else FULL for i in range(n_layers))
     qwen2 = model_type in ("qwen2", "qwen2_moe")
     neox = family == ArchFamily.GPT_NEOX
     bias = _bool("attention_bias", cfg.get("attention_bias"), neox)
@@ -444,10 +448,11 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
 # Config keys by which transformers' model types mix layers along the depth in ways not modelled here (recurrent
 # blocks, interleaved MoE steps and ranges): a traced cut of the first layers would stand for layers it does not
 # contain. The MLP and RoPE rules `depth_kinds` reads are modelled.
-_MIXED_DEPTH_KEYS = ("interleave_moe_layer_step", "moe_layer_freq", "moe_layer_start_index", "hybrid_override_pattern",
+_MIXED_DEPTH_KEYS = ("moe_layer_freq", "moe_layer_start_index", "hybrid_override_pattern",
                      "layers_block_type", "attn_layer_indices", "full_attn_idxs")
 # Keys `depth_kinds` reads: a trace of a cut writes them for the layers it keeps (engine/trace/hf_models.py)
-MLP_DEPTH_KEYS = ("mlp_layer_types", "first_k_dense_replace", "mlp_only_layers", "decoder_sparse_step")
+MLP_DEPTH_KEYS = ("mlp_layer_types", "first_k_dense_replace", "mlp_only_layers", "decoder_sparse_step", "moe_layers",
+                  "interleave_moe_layer_step")
 ROPE_DEPTH_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 
 
@@ -457,15 +462,33 @@ def _int_list(name: str, v: Any, n: int) -> list[int]:
     return [int(x) for x in v]
 
 
+# transformers 5.17's config-class defaults of the keys `depth_kinds` reads, for the model types whose default makes
+# layers differ (a config.json saved by transformers states them; a hand-written one may not). The trace checks
+# the reading against transformers' own config object and refuses a difference.
+DEPTH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "glm4_moe": {"first_k_dense_replace": 1}, "glm4v_moe": {"first_k_dense_replace": 1},
+    "exaone_moe": {"first_k_dense_replace": 1}, "deepseek_v3": {"first_k_dense_replace": 3},
+    "llama4_text": {"no_rope_layer_interval": 4, "interleave_moe_layer_step": 1, "attention_chunk_size": 8192},
+    "smollm3": {"no_rope_layer_interval": 4},
+}
+
+
+def with_depth_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config with its model type's defaults for the depth keys it leaves out (or leaves empty)."""
+    d = DEPTH_DEFAULTS.get(str(cfg.get("model_type")), {})
+    return {**cfg, **{k: v for k, v in d.items() if cfg.get(k) in (None, [])}}
+
+
 def depth_kinds(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[bool, ...]]:
     """Each layer's MLP kind ("dense" / "sparse", or the config's own `mlp_layer_types` words) and whether it
     applies RoPE, by the rules transformers 5.17's model types read: `mlp_layer_types`; `first_k_dense_replace`
     (DeepSeek-style: the first k layers dense); Qwen-MoE's `mlp_only_layers` / `decoder_sparse_step`; SmolLM3's and
-    Llama-4's `no_rope_layers` (1: RoPE) / `no_rope_layer_interval`. Empty where every layer is alike; a key
-    this does not model is refused."""
+    Llama-4's `no_rope_layers` (1: RoPE) / `no_rope_layer_interval`; Llama-4's `moe_layers` /
+    `interleave_moe_layer_step`. Empty where every layer is alike; a key this does not model is refused."""
+    cfg = with_depth_defaults(cfg)
     for k in _MIXED_DEPTH_KEYS:
         v = cfg.get(k)
-        trivial = v is None or v == [] or v == 0 or (k in ("interleave_moe_layer_step", "moe_layer_freq") and v == 1)
+        trivial = v is None or v == [] or v == 0 or (k == "moe_layer_freq" and v == 1)
         if not trivial:
             raise ConfigError(f"{k}: layers that differ along the depth this way are not modelled; for this model use "
                               f"`tp-query trace`")
@@ -480,12 +503,17 @@ def depth_kinds(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[boo
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ConfigError(f"first_k_dense_replace must be a non-negative integer, got {k!r}")
         mlp = ["dense" if i < k else "sparse" for i in range(n)]
+    elif cfg.get("moe_layers") is not None or cfg.get("interleave_moe_layer_step", 1) not in (1, None):
+        step = _pos_int("interleave_moe_layer_step", cfg.get("interleave_moe_layer_step") or 1)
+        given_moe = cfg.get("moe_layers")
+        moe = set(_int_list("moe_layers", given_moe, 0)) if given_moe is not None else set(range(step - 1, n, step))
+        mlp = ["sparse" if i in moe else "dense" for i in range(n)]
     elif cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) not in (1, None):
         only = set(_int_list("mlp_only_layers", cfg.get("mlp_only_layers") or [], 0))
         step = _pos_int("decoder_sparse_step", cfg.get("decoder_sparse_step") or 1)
         mlp = ["dense" if i in only or (i + 1) % step else "sparse" for i in range(n)]
     rope: list[bool] = []
-    if cfg.get("no_rope_layers") is not None:
+    if cfg.get("no_rope_layers"):
         rope = [bool(x) for x in _int_list("no_rope_layers", cfg["no_rope_layers"], n)[:n]]
     elif cfg.get("no_rope_layer_interval"):
         every = _pos_int("no_rope_layer_interval", cfg["no_rope_layer_interval"])
@@ -510,6 +538,9 @@ def _hf_config(cfg: dict[str, Any], model_type: str, layer_types: tuple[str, ...
 def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
     if not isinstance(cfg, dict):
         raise ConfigError("a model config must be a JSON object")
+    if cfg.get("model_type") == "llama4" and isinstance(cfg.get("text_config"), dict):
+        # Llama-4 as published is its multimodal wrapper: its language model trains as Llama4ForCausalLM
+        cfg = {**cfg["text_config"], "model_type": "llama4_text", "architectures": ["Llama4ForCausalLM"]}
     family, model_type = identify(cfg)
     if family == ArchFamily.GPT2:
         return _parse_gpt2(cfg, name, family, model_type)

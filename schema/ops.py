@@ -519,8 +519,9 @@ def grouped_expert_calls(groups: int, rows: int, hidden: int, ffn: int, dt: DTyp
 
 # The generic grid (added 2026-12-01 after a GLM-4.5-Air cut was over-predicted 15-19% in its fp32-expert
 # settings, its grouped GEMMs extrapolated from model-specific points): experts of current MoE models span
-# hidden 2048-7168, expert FFN 768-8192, 8-128 experts, a few hundred to a few thousand token pairs per expert.
-GROUPED_GROUPS = (8, 32, 128)
+# hidden 2048-7168, expert FFN 768-8192, 8-256 experts, a few hundred to a few thousand token pairs per expert
+# (64 and 256 experts added in a second call).
+GROUPED_GROUPS = (8, 32, 64, 128, 256)
 GROUPED_ROWS_PER_GROUP = (128, 1024)
 GROUPED_HIDDEN = (2048, 4096, 7168)
 GROUPED_FFN = (768, 2048, 8192)

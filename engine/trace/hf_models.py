@@ -137,6 +137,8 @@ def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
         kinds = list(spec.mlp_layer_types)
         if "mlp_layer_types" in cfg:
             cfg["mlp_layer_types"] = kinds
+        elif "moe_layers" in cfg or "interleave_moe_layer_step" in cfg or spec.model_type == "llama4_text":
+            cfg["moe_layers"] = [i for i, x in enumerate(kinds) if x == "sparse"]
         elif cfg.get("first_k_dense_replace"):
             k = kinds.count("dense")
             if kinds != ["dense"] * k + ["sparse"] * (n - k):
@@ -178,7 +180,9 @@ def check_layer_kinds(spec: ModelSpec) -> None:
     layer_types: what the spec assumed (every layer, where a window is given) must be what transformers builds."""
     if spec.family != ArchFamily.TRANSFORMERS:
         return
-    other = [k for k in dict.fromkeys(spec.layer_types) if k not in ("full_attention", "sliding_attention")]
+    # chunked attention (Llama-4) is SDPA with a mask, as sliding windows are
+    other = [k for k in dict.fromkeys(spec.layer_types)
+             if k not in ("full_attention", "sliding_attention", "chunked_attention")]
     if other:
         raise ConfigError(f"{spec.model_type}: layers of kind {', '.join(other)} (recurrent or linear attention, "
                           f"whose kernels come from optional packages) are not modelled")
@@ -265,6 +269,8 @@ class HFCausalLM(nn.Module):
             raise ConfigError(f"transformers cannot build {spec.model_type!r} for causal-LM training: "
                               f"{first_line(e)}") from None
         base = hf.base_model
+        if base is hf and isinstance(getattr(hf, "model", None), nn.Module):  # a prefix naming no submodule (Llama-4)
+            base = hf.model
         mt = spec.model_type
         self.embed = _Section()
         self.embed.embed_tokens = base.get_input_embeddings()
