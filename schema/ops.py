@@ -338,10 +338,36 @@ def _gemm_unaligned_grid(p: Precision) -> Iterable[OpCall]:
                         yield gemm_layout_call(m, n, k, lay, dt)
 
 
+# Experts computed as one batched GEMM over every token (transformers' Llama-4 experts: [E, T, H] x [E, H, 2F]),
+# forward, input and weight gradients; added 2026-12-01 after Llama-4 cuts were over-predicted 11-15% by holding the
+# attention-shaped points' efficiency (at most 530 TFLOP/s) for GEMMs that run at 850
+BMM_EXPERTS = (8, 16)
+BMM_EXPERT_TOKENS = (2048, 8192)
+BMM_EXPERT_SIZES = ((4096, 4096), (5120, 8192))  # (hidden, expert FFN)
+BMM_EXPERT_FLOP_CAP = {Precision.FP32: 2e12, Precision.TF32: 8e12, Precision.FP16: 24e12, Precision.BF16: 24e12}
+
+
+def _bmm_expert_calls(e: int, t: int, h: int, f: int, dt: DType) -> list[OpCall]:
+    f2 = 2 * f
+    return [
+        OpCall("aten.bmm.default", (_t((e, t, h), dt), _t((e, h, f2), dt))),  # gate-up
+        OpCall("aten.bmm.default", (_t((e, t, f), dt), _t((e, f, h), dt))),  # down
+        OpCall("aten.bmm.default", (_t((e, t, h), dt), _t((e, h, f), dt, (f * h, 1, h)))),  # down: input grad
+        OpCall("aten.bmm.default", (_t((e, f, t), dt, (f * t, 1, f)), _t((e, t, h), dt))),  # down: weight grad
+        OpCall("aten.bmm.default", (_t((e, t, f2), dt), _t((e, f2, h), dt, (f2 * h, 1, f2)))),  # gate-up: input grad
+        OpCall("aten.bmm.default", (_t((e, h, t), dt, (h * t, 1, h)), _t((e, t, f2), dt))),  # gate-up: weight grad
+    ]
+
+
 def _bmm_grid(p: Precision) -> Iterable[OpCall]:
     """Batched GEMMs shaped like attention's math path (fp32 with grouped-query heads): scores, P@V and
-    their gradients; measured in every precision."""
+    their gradients; measured in every precision. Then experts as batched GEMMs (BMM_EXPERTS)."""
     dt = PRECISION_DTYPE[p]
+    for e in BMM_EXPERTS:
+        for t in BMM_EXPERT_TOKENS:
+            for h, f in BMM_EXPERT_SIZES:
+                if 2.0 * e * t * h * 2 * f <= BMM_EXPERT_FLOP_CAP[p]:
+                    yield from _bmm_expert_calls(e, t, h, f, dt)
     for b in (8, 16, 32, 64):
         for s in (512, 1024, 2048, 4096):
             for d in (64, 128):
