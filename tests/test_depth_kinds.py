@@ -32,7 +32,14 @@ def test_depth_rules_read_each_layers_kind() -> None:
     assert depth_kinds({"no_rope_layer_interval": 4}, 8) == ((), (True, True, True, False) * 2)
     assert depth_kinds({"no_rope_layers": [1, 0, 1], "no_rope_layer_interval": 4}, 3) == ((), (True, False, True))
     assert depth_kinds({"no_rope_layers": [1, 1]}, 2) == ((), ())
-    for bad in ({"interleave_moe_layer_step": 2}, {"moe_layer_freq": 2}, {"moe_layer_start_index": 1},
+    # Llama-4: MoE every step-th layer, or the listed ones
+    assert depth_kinds({"interleave_moe_layer_step": 2}, 4) == (("dense", "sparse", "dense", "sparse"), ())
+    assert depth_kinds({"moe_layers": [0, 3], "interleave_moe_layer_step": 2}, 4) == (
+        ("sparse", "dense", "dense", "sparse"), ())
+    # a model type's own default for a key its config leaves out or empty (Llama-4 lists no_rope_layers as [])
+    assert depth_kinds({"model_type": "llama4_text", "no_rope_layers": []}, 4) == ((), (True, True, True, False))
+    assert depth_kinds({"model_type": "glm4_moe"}, 3) == (("dense", "sparse", "sparse"), ())
+    for bad in ({"moe_layer_freq": 2}, {"moe_layer_start_index": 1},
                 {"hybrid_override_pattern": "M*M*"}):
         with pytest.raises(ConfigError, match="not modelled"):
             depth_kinds(bad, 4)
@@ -103,15 +110,20 @@ def test_templates_stand_for_every_layer_of_their_kind(cfg: dict) -> None:
                 assert own["model." + p.name] == p.numel, p.name
 
 
-def test_a_kind_rule_transformers_reads_otherwise_is_refused() -> None:
+def test_a_model_types_default_rule_is_read_and_a_contradicting_one_refused() -> None:
     """GLM-4.5's config class makes the first layer dense by default: a config that leaves first_k_dense_replace out
-    reads as all sparse here, and the trace says so instead of pricing the wrong layers."""
+    still traces its first layer dense. A config whose list says otherwise than the rule its model type reads is
+    refused when the module comes out unlike the list, instead of pricing the wrong layers."""
     from tp_query.engine.trace.capture import TraceRequest, trace_config
     from tp_query.schema.precision import Setting
 
     bare = {k: v for k, v in GLM.items() if k != "first_k_dense_replace"}
-    with pytest.raises(ConfigError, match="first_k_dense_replace"):
-        trace_config(TraceRequest(parse_config(bare), Setting.BF16, 1, 32))
+    spec = parse_config(bare)
+    assert spec.mlp_layer_types == ("dense",) + ("sparse",) * 5
+    trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
+    wrong = {**GLM, "mlp_layer_types": ["sparse", "dense"] + ["sparse"] * 4}  # glm4_moe reads first_k_dense_replace
+    with pytest.raises(ConfigError, match="traced cut"):
+        trace_config(TraceRequest(parse_config(wrong), Setting.BF16, 1, 32))
 
 
 DSV3 = {**_SMALL, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 4,
@@ -144,3 +156,28 @@ def test_latent_attention_runs_with_its_own_value_head(setting: str) -> None:
         if o.phase.value == "fwd":  # causal: half of 2 x heads x s^2 x (48 + 32)
             heads = info.features["heads"]
             assert info.flops == pytest.approx(0.5 * 2 * heads * 32 * 32 * (48 + 32))
+
+
+LLAMA4 = {**_SMALL, "architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text", "num_hidden_layers": 4,
+          "intermediate_size_mlp": 256, "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+          "attention_chunk_size": 16, "no_rope_layers": [], "pad_token_id": 0}
+
+
+def test_llama4_layers_by_kind() -> None:
+    """Llama-4: RoPE layers attend within chunks, every fourth layer has no RoPE and attends to everything, MoE in
+    every other layer (Maverick's pattern); its published multimodal config reads as its language model."""
+    spec = parse_config(LLAMA4)
+    assert spec.layer_types == ("chunked_attention",) * 3 + ("full_attention",)
+    assert spec.mlp_layer_types == ("dense", "sparse", "dense", "sparse")
+    assert spec.rope_layers == (True, True, True, False)
+    assert spec.traced_layer_indices() == (0, 0, 1, 3)
+    wrapped = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+               "text_config": {k: v for k, v in LLAMA4.items() if k not in ("architectures", "model_type")}}
+    assert parse_config(wrapped).layer_kinds() == spec.layer_kinds()
+    from tp_query.engine.graph import layer_template_of
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.schema.precision import Setting
+
+    g = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
+    assert g.meta.extra["traced_layer_kinds"] == [spec.layer_kind(i) for i in (0, 0, 1, 3)]
+    assert layer_template_of(g.meta) == [1, 2, 1, 3]

@@ -86,9 +86,9 @@ def test_what_the_config_cannot_tell_is_refused() -> None:
     spec = parse_config(GENERIC["olmo2"])
     assert "TP>1" in spec.split_refusal(2, False) and spec.split_refusal(1, False) == ""
     with pytest.raises(ConfigError, match="not modelled"):  # MoE layers interleaved by a rule not modelled
-        parse_config({**GENERIC["olmo2"], "interleave_moe_layer_step": 2})
+        parse_config({**GENERIC["olmo2"], "moe_layer_freq": 2})
     # a dense-before-sparse rule the model type does not have: its layers come out alike, and that is said
-    with pytest.raises(ConfigError, match="came out alike"):
+    with pytest.raises(ConfigError, match="traced cut"):
         trace_config(TraceRequest(parse_config({**GENERIC["olmo2"], "first_k_dense_replace": 1}), Setting.BF16, 1, 32))
     with pytest.raises(ConfigError, match="unsupported architecture"):  # not a causal LM head
         parse_config({**GENERIC["olmo2"], "architectures": ["Olmo2Model"]})

@@ -22,7 +22,14 @@ from typing import Any, cast
 import torch
 from torch import nn
 from tp_query.schema.messages import first_line
-from tp_query.schema.model_config import ROPE_DEPTH_KEYS, ArchFamily, ConfigError, ModelSpec, depth_kinds
+from tp_query.schema.model_config import (
+    ROPE_DEPTH_KEYS,
+    ArchFamily,
+    ConfigError,
+    ModelSpec,
+    depth_kinds,
+    with_depth_defaults,
+)
 
 from .models import Shard, TPRegion, _ReduceFromTP, _ScatterSP, causal_lm_loss, packed_sequence_check
 
@@ -133,13 +140,14 @@ def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
     """The config keys that say which layers are dense or sparse and which apply RoPE, rewritten for the layers
     `spec` keeps (a trace's cut holds one layer of each kind), in the spelling the model type reads."""
     n = spec.num_layers
+    own = with_depth_defaults(cfg)  # the keys the model type reads, its defaults included
     if spec.mlp_layer_types:
         kinds = list(spec.mlp_layer_types)
         if "mlp_layer_types" in cfg:
             cfg["mlp_layer_types"] = kinds
-        elif "moe_layers" in cfg or "interleave_moe_layer_step" in cfg or spec.model_type == "llama4_text":
+        elif "moe_layers" in own or "interleave_moe_layer_step" in own:
             cfg["moe_layers"] = [i for i, x in enumerate(kinds) if x == "sparse"]
-        elif cfg.get("first_k_dense_replace"):
+        elif own.get("first_k_dense_replace"):
             k = kinds.count("dense")
             if kinds != ["dense"] * k + ["sparse"] * (n - k):
                 raise ConfigError(f"{spec.model_type}: dense layers after sparse ones cannot be written as "
@@ -152,7 +160,7 @@ def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
         cfg["mlp_layer_types"] = [cfg["mlp_layer_types"][0]] * n  # every layer alike
     if spec.rope_layers:
         cfg["no_rope_layers"] = [int(x) for x in spec.rope_layers]
-    elif any(k in cfg for k in ROPE_DEPTH_KEYS):
+    elif any(k in own for k in ROPE_DEPTH_KEYS):
         cfg["no_rope_layers"] = [1] * n
 
 
@@ -230,6 +238,10 @@ def _check_layer_kinds_built(layers: nn.ModuleList, spec: ModelSpec) -> None:
                               f"model use `tp-query trace`")
         if spec.mlp_layer_types:
             mk = spec.mlp_layer_types[i]
+            experts = any("expert" in n for n, _ in shapes)  # transformers names routed (and shared) experts so
+            if mk in ("dense", "sparse") and experts != (mk == "sparse"):
+                raise ConfigError(f"{spec.model_type}: layer {i} of the traced cut is {'sparse' if experts else 'dense'}"
+                                  f", the config reads {mk}; for this model use `tp-query trace`")
             if any(v == shapes for k, v in mlps.items() if k != mk):
                 raise ConfigError(f"{spec.model_type}: its {mk} and other MLP layers came out alike in the traced cut; "
                                   f"for this model use `tp-query trace`")
