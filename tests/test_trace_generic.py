@@ -129,3 +129,13 @@ def test_expert_options_are_refused_for_a_model_type_known_only_to_transformers(
         trace_config(TraceRequest(spec, Setting.BF16, 1, 32, moe_imbalance=1.5))
     with pytest.raises(ValueError, match="expert parallelism"):
         trace_config(TraceRequest(spec, Setting.MP_BF16, 1, 32, ep=2, framework="megatron"))
+
+
+def test_a_module_the_trace_cannot_follow_is_refused_in_one_line() -> None:
+    """JetMoE's experts read routing counts on the host (data-dependent), which fake tensors cannot give: refused
+    in one line naming why, not a traceback."""
+    cfg = {**_SMALL, "architectures": ["JetMoeForCausalLM"], "model_type": "jetmoe", "num_local_experts": 4,
+           "num_experts_per_tok": 2, "kv_channels": 32}
+    with pytest.raises(ConfigError, match="depends on tensor values") as e:
+        trace_config(TraceRequest(parse_config(cfg), Setting.BF16, 1, 32))
+    assert "\n" not in str(e.value)

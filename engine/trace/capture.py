@@ -565,7 +565,28 @@ def _warm_state(params: list[torch.nn.Parameter], opt: Any, scaler: Any) -> None
 
 def trace_config(req: TraceRequest, *, full_warmup_step: bool = False) -> Graph:
     """Trace one micro-batch's forward+backward and one optimizer step of `req.traced_layers` layers.
-    `full_warmup_step`: reach the steady state by a whole unrecorded step (the tests check both agree)."""
+    `full_warmup_step`: reach the steady state by a whole unrecorded step (the tests check both agree).
+    A model type known only to transformers whose own module fails under the trace is refused in one line."""
+    if req.spec.family != ArchFamily.TRANSFORMERS:
+        return _trace_config(req, full_warmup_step)
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from tp_query.schema.messages import first_line
+    from tp_query.schema.model_config import ConfigError
+
+    try:
+        return _trace_config(req, full_warmup_step)
+    except (TraceError, ConfigError):
+        raise
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        raise ConfigError(f"{req.spec.model_type}: its step depends on tensor values ({type(e).__name__}: "
+                          f"{first_line(e)}), which a trace on fake tensors cannot follow; for this model use "
+                          f"`tp-query trace`") from None
+    except Exception as e:  # the model type's own module, as transformers builds it from this config
+        raise ConfigError(f"{req.spec.model_type}: transformers' module fails in a training step built from this "
+                          f"config ({type(e).__name__}: {first_line(e)}); for this model use `tp-query trace`") from None
+
+
+def _trace_config(req: TraceRequest, full_warmup_step: bool) -> Graph:
     _validate(req)
     autocast_cuda.install()
     sdpa.install()

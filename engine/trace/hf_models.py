@@ -44,8 +44,15 @@ class UnsupportedSplit(ValueError):
     pass
 
 
+_ATTN_NAMES = ("self_attn", "attention", "self_attention", "attn")
+
+
 def _attn_attr(layer: nn.Module) -> nn.Module:
-    return cast(nn.Module, layer.self_attn if hasattr(layer, "self_attn") else layer.attention)
+    for n in _ATTN_NAMES:
+        if isinstance(getattr(layer, n, None), nn.Module):
+            return cast(nn.Module, getattr(layer, n))
+    raise ConfigError(f"{type(layer).__name__} has no attention module ({' / '.join(_ATTN_NAMES)}) where decoder "
+                      f"layers keep it; for this model use `tp-query trace`")
 
 
 MODELLED_TRANSFORMERS = "5.17.0"  # the version whose modules the validation measured
@@ -228,7 +235,8 @@ def _check_layer_kinds_built(layers: nn.ModuleList, spec: ModelSpec) -> None:
     mlps: dict[str, tuple[Any, ...]] = {}
     for i, layer in enumerate(layers):
         shapes = tuple((n, tuple(p.shape)) for n, p in layer.named_parameters())
-        rope = getattr(_attn_attr(layer), "use_rope", None)
+        attn = next((getattr(layer, n) for n in _ATTN_NAMES if isinstance(getattr(layer, n, None), nn.Module)), None)
+        rope = getattr(attn, "use_rope", None)
         if spec.rope_layers and rope is not None and bool(rope) != spec.rope_layers[i]:
             raise ConfigError(f"{spec.model_type}: layer {i} of the traced cut applies RoPE {bool(rope)}, the config "
                               f"reads {spec.rope_layers[i]}; for this model use `tp-query trace`")
