@@ -60,6 +60,9 @@ class StageWork:
     composer: Composer
     param_numel: int
     param_bytes: int
+    # the stage's layers per traced template (layer kind), where kinds differ: its layer section weighs each
+    # kind by its own count (None: the model-wide mix, or uniform layers)
+    layer_mix: tuple[tuple[int, int], ...] | None = None
 
     @property
     def expert_numel(self) -> int:
@@ -128,6 +131,7 @@ class Composer:
         weight_of = {li: w for li, w in templates.items()} if templates else {tl: 1.0}
         sec: dict[tuple[Phase, Section], list[Item]] = {}
         wts: dict[tuple[Phase, Section], list[float]] = {}
+        src: dict[tuple[Phase, Section], list[int]] = {}
         for o in graph.ops:
             if o.section == Section.LAYER and o.layer not in weight_of:
                 continue
@@ -135,9 +139,11 @@ class Composer:
                                                                       operands=self.operands))
             wts.setdefault((o.phase, o.section), []).append(weight_of.get(o.layer, 1.0)
                                                             if o.section == Section.LAYER else 1.0)
+            src.setdefault((o.phase, o.section), []).append(o.layer)
         self.sections = sec
-        self._weights = {k: np.asarray(v) for k, v in wts.items() if templates and len(templates) > 1
-                         and k[1] == Section.LAYER}
+        mixed = bool(templates) and len(templates) > 1
+        self._weights = {k: np.asarray(v) for k, v in wts.items() if mixed and k[1] == Section.LAYER}
+        self._op_template = {k: np.asarray(v) for k, v in src.items() if mixed and k[1] == Section.LAYER}
         self.opt_records: list[OpRecord] = [o for o in graph.ops if o.phase == Phase.OPT]
         self.traced_params = list(graph.params)
         # each model layer's traced template (one per layer kind) and each template's parameters
@@ -155,9 +161,25 @@ class Composer:
     def part(self, phase: Phase, section: Section) -> list[Item]:
         return self.sections.get((phase, section), [])
 
-    def part_weights(self, phase: Phase, section: Section) -> np.ndarray | None:
-        """Per-operator layer shares of a section (None: every operator counts once)."""
-        return self._weights.get((phase, section))
+    def part_weights(self, phase: Phase, section: Section,
+                     mix: tuple[tuple[int, int], ...] | None = None) -> np.ndarray | None:
+        """Per-operator layer shares of a section (None: every operator counts once): the model's mix of layer
+        kinds, or a stage's own (`mix`: traced template -> layers of the stage)."""
+        if mix is None or (phase, section) not in self._op_template:
+            return self._weights.get((phase, section))
+        n = sum(c for _, c in mix)
+        share = dict(mix)
+        return np.array([share.get(int(t), 0) / n for t in self._op_template[(phase, section)]])
+
+    def stage_mix(self, start: int, layers: int) -> tuple[tuple[int, int], ...] | None:
+        """Model layers start .. start+layers-1 counted per traced template, where layer kinds differ."""
+        if not self._op_template or layers <= 0:
+            return None
+        counts: dict[int, int] = {}
+        for i in range(start, start + layers):
+            t = self.template_for(i)
+            counts[t] = counts.get(t, 0) + 1
+        return tuple(sorted(counts.items()))
 
     # -- parameters ---------------------------------------------------------------------------
     def template_for(self, layer: int) -> int:
@@ -400,7 +422,7 @@ class Composer:
                 self._stage_cache[key] = cached
             params, opt, accum, ddp, numel, nbytes = cached
             out.append(StageWork(s, first, last, n, fwd_parts, bwd_parts, opt, accum, ddp, params, self, numel,
-                                 nbytes))
+                                 nbytes, self.stage_mix(start, n) if par.pp > 1 else None))
         return out
 
 

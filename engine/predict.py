@@ -199,10 +199,10 @@ class _Assemble:
         self._use_host_instance(eng.framework_on(host_machine))
         for st in stages:
             self.raw.append({
-                "sections": {(ph, sec): cache.section(ph, sec) for ph, parts in
+                "sections": {(ph, sec): cache.section(ph, sec, st.layer_mix) for ph, parts in
                              ((Phase.FWD, st.fwd_parts), (Phase.BWD, st.bwd_parts)) for sec, _ in parts},
-                "fwd": cache.stage(Phase.FWD, st.fwd_parts),
-                "bwd": cache.stage(Phase.BWD, st.bwd_parts),
+                "fwd": cache.stage(Phase.FWD, st.fwd_parts, st.layer_mix),
+                "bwd": cache.stage(Phase.BWD, st.bwd_parts, st.layer_mix),
                 "opt": cache.items_segment(st.ddp, st.opt, "opt"),
                 "accum": cache.items_segment(st.accum, None, "accum"),
                 "ddp": cache.items_segment(st.ddp, None, "ddp")})

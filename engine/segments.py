@@ -5,7 +5,7 @@ lookup and the communication model, and re-timed under any host model."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tp_query.schema.ops import Family
@@ -102,19 +102,21 @@ class SegmentCache:
 
     def __init__(self, eng: Engine, comp: Composer, tp: int, ep: int = 1) -> None:
         self.eng, self.comp, self.tp, self.ep = eng, comp, tp, ep
-        self._sections: dict[tuple[Phase, Section], Segment] = {}
-        self._stages: dict[tuple[Phase, tuple[tuple[Section, int], ...]], Segment] = {}
+        self._sections: dict[tuple[Phase, Section, Any], Segment] = {}
+        self._stages: dict[tuple[Phase, tuple[tuple[Section, int], ...], Any], Segment] = {}
 
-    def stage(self, phase: Phase, parts: list[tuple[Section, int]]) -> Segment:
-        k = (phase, tuple(parts))
+    def stage(self, phase: Phase, parts: list[tuple[Section, int]],
+              mix: tuple[tuple[int, int], ...] | None = None) -> Segment:
+        """A stage's sections concatenated; `mix`: its own layers per kind (Composer.stage_mix)."""
+        k = (phase, tuple(parts), mix)
         if k not in self._stages:
-            self._stages[k] = Segment.concat([(self.section(phase, sec), n) for sec, n in parts])
+            self._stages[k] = Segment.concat([(self.section(phase, sec, mix), n) for sec, n in parts])
         return self._stages[k]
 
-    def section(self, phase: Phase, sec: Section) -> Segment:
-        k = (phase, sec)
+    def section(self, phase: Phase, sec: Section, mix: tuple[tuple[int, int], ...] | None = None) -> Segment:
+        k = (phase, sec, mix if sec == Section.LAYER else None)
         if k not in self._sections:
-            self._sections[k] = self._segment(self.comp.part(phase, sec), self.comp.part_weights(phase, sec))
+            self._sections[k] = self._segment(self.comp.part(phase, sec), self.comp.part_weights(phase, sec, k[2]))
         return self._sections[k]
 
     def items_segment(self, a: list[Item], b: list[Item] | None, kind: str) -> Segment:

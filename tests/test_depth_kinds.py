@@ -181,3 +181,33 @@ def test_llama4_layers_by_kind() -> None:
     g = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
     assert g.meta.extra["traced_layer_kinds"] == [spec.layer_kind(i) for i in (0, 0, 1, 3)]
     assert layer_template_of(g.meta) == [1, 2, 1, 3]
+
+
+def test_a_pipeline_stage_weighs_its_own_layer_kinds() -> None:
+    """Under PP each stage's layer section counts its own layers' kinds: GLM's 6 layers (2 dense) in 2 stages give
+    stage 1 three sparse layers, whose weighted operators equal the whole trace's layers 3-5 exactly."""
+    from tp_query.engine.compose import Composer
+    from tp_query.engine.graph import Phase, Section
+    from tp_query.engine.parallel import ParallelConfig
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.schema.precision import Setting
+
+    spec = parse_config(GLM)
+    cut = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
+    whole = trace_config(TraceRequest(spec, Setting.BF16, 1, 32, traced_layers=spec.num_layers))
+    comp = Composer(cut, allow_tf32=False)
+    s0, s1 = comp.stages(ParallelConfig(pp=2, global_batch=2))
+    assert s0.layer_mix == ((1, 2), (2, 1)) and s1.layer_mix == ((2, 3),)
+    for phase in (Phase.FWD, Phase.BWD):
+        w = comp.part_weights(phase, Section.LAYER, s1.layer_mix)
+        assert w is not None
+        got: Counter = Counter()
+        for it, wt in zip(comp.part(phase, Section.LAYER), w, strict=True):
+            if wt:
+                got[(it.call.op, it.call.to_json_str())] += round(wt * s1.layers)
+        want = Counter((o.op, o.sig) for o in whole.ops if o.section == Section.LAYER and o.layer in (3, 4, 5)
+                       and o.phase == phase)
+        assert got == want
+    # without PP the model-wide mix
+    (only,) = comp.stages(ParallelConfig())
+    assert only.layer_mix is None
