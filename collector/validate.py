@@ -361,6 +361,10 @@ def default_cases() -> list[Case]:
     add("mistral-7b-full", MISTRAL_7B, 1, 4096, "holdout", settings=["bf16"])
     add("qwen3-8b-full", QWEN3_8B, 1, 4096, "holdout", settings=["bf16"])
     add("llama3-70b-L12", layers_of(LLAMA3_70B, 12), 1, 4096, "holdout", settings=["amp_bf16"])
+    # whole models whose layers differ along the depth (2026-12-01, predicted before they ran): SmolLM3-3B (9 of 36
+    # layers without RoPE) and OLMoE-1B-7B (16 MoE layers)
+    add("smollm3-3b-full", SMOLLM3_3B, 1, 4096, "holdout", settings=["amp_bf16", "bf16"])
+    add("olmoe-1b-7b-full", OLMOE_1B_7B, 1, 4096, "holdout", settings=["bf16"])
     return cases + family_cases() + fp8_cases()
 
 
