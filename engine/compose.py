@@ -60,6 +60,7 @@ class StageWork:
     composer: Composer
     param_numel: int
     param_bytes: int
+    layer_param_bytes: tuple[int, ...]  # one decoder layer's parameters as the framework models take them
     # the stage's layers per traced template (layer kind), where kinds differ: its layer section weighs each
     # kind by its own count (None: the model-wide mix, or uniform layers)
     layer_mix: tuple[tuple[int, int], ...] | None = None
@@ -418,12 +419,32 @@ class Composer:
                 if pipelined:
                     ddp = ddp + self._sub(("pp_scale", *base), functools.partial(self.pipelining_grad_scaling, params))
                 cached = (params, opt, accum, ddp, sum(p.numel for p in params),
-                          sum(p.numel * DType(p.dtype).itemsize for p in params))
+                          sum(p.numel * DType(p.dtype).itemsize for p in params),
+                          self._sub(("mean_layer", *base), functools.partial(mean_layer_bytes, params)))
                 self._stage_cache[key] = cached
-            params, opt, accum, ddp, numel, nbytes = cached
+            params, opt, accum, ddp, numel, nbytes, layer_bytes = cached
             out.append(StageWork(s, first, last, n, fwd_parts, bwd_parts, opt, accum, ddp, params, self, numel,
-                                 nbytes, self.stage_mix(start, n) if par.pp > 1 else None))
+                                 nbytes, layer_bytes, self.stage_mix(start, n) if par.pp > 1 else None))
         return out
+
+
+def mean_layer_bytes(params: list[ParamRecord]) -> tuple[int, ...]:
+    """One decoder layer's parameter bytes, as the framework models take a stage's layers to be alike: the
+    stage's most common layer kind, scaled to the stage's mean layer where kinds differ (dense and sparse MLPs)."""
+    by_layer: dict[int, list[int]] = {}
+    for p in params:
+        if p.section == Section.LAYER:
+            by_layer.setdefault(p.layer, []).append(p.numel * DType(p.dtype).itemsize)
+    if not by_layer:
+        return ()
+    groups: dict[tuple[int, ...], int] = {}
+    for v in by_layer.values():
+        groups[tuple(v)] = groups.get(tuple(v), 0) + 1
+    rep = max(groups, key=lambda k: groups[k])
+    if len(groups) == 1:
+        return rep
+    mean = sum(sum(v) for v in by_layer.values()) / len(by_layer)
+    return tuple(round(b * mean / sum(rep)) for b in rep)
 
 
 def _spec(p: ParamRecord) -> TensorSpec:

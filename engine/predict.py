@@ -552,9 +552,8 @@ class _Assemble:
         def t(ph: Phase, se: Section, per: int = 1) -> float:
             return sec.get((ph, se), 0.0) * scale / per
 
-        def sizes(se: Section, layer: int | None = None) -> tuple[int, ...]:
-            return tuple(p.numel * DType(p.dtype).itemsize for p in s.params
-                         if p.section == se and (layer is None or p.layer == layer))
+        def sizes(se: Section) -> tuple[int, ...]:
+            return tuple(p.numel * DType(p.dtype).itemsize for p in s.params if p.section == se)
 
         body = Section.BODY if (Phase.FWD, Section.BODY) in sec else None
         return StageShape(
@@ -563,25 +562,7 @@ class _Assemble:
             bwd_head_us=t(Phase.BWD, Section.HEAD) + (t(Phase.BWD, body) if body else 0.0),
             bwd_layer_us=t(Phase.BWD, Section.LAYER), bwd_embed_us=t(Phase.BWD, Section.EMBED),
             layers=s.layers, embed_params=sizes(Section.EMBED) + (sizes(Section.BODY) if body else ()),
-            layer_params=self._mean_layer_params(s) if s.layers else (), head_params=sizes(Section.HEAD))
-
-    @staticmethod
-    def _mean_layer_params(s: StageWork) -> tuple[int, ...]:
-        """One decoder layer's parameter bytes, as the framework models take a stage's layers to be alike: the
-        stage's most common layer kind, scaled to the stage's mean layer where kinds differ (dense and sparse
-        MLPs)."""
-        by_layer: dict[int, list[int]] = {}
-        for p in s.params:
-            if p.section == Section.LAYER:
-                by_layer.setdefault(p.layer, []).append(p.numel * DType(p.dtype).itemsize)
-        groups: dict[tuple[int, ...], int] = {}
-        for v in by_layer.values():
-            groups[tuple(v)] = groups.get(tuple(v), 0) + 1
-        rep = max(groups, key=lambda k: groups[k])
-        if len(groups) == 1:
-            return rep
-        mean = sum(sum(v) for v in by_layer.values()) / len(by_layer)
-        return tuple(round(b * mean / sum(rep)) for b in rep)
+            layer_params=s.layer_param_bytes if s.layers else (), head_params=sizes(Section.HEAD))
 
     def interference(self) -> Interference:
         st = SETTINGS[self.req.setting]

@@ -116,6 +116,28 @@ def _encode(v: ArgValue) -> Any:
     return v
 
 
+_SPEC_STR: dict[TensorSpec, str] = {}
+
+
+def _dumps(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def _encode_str(v: ArgValue) -> str:
+    """_dumps(_encode(v)), built from each tensor spec's own cached text (an optimizer call holds hundreds of
+    specs, most of them alike: a planner encodes such calls for every new sharding)."""
+    if isinstance(v, TensorSpec):
+        out = _SPEC_STR.get(v)
+        if out is None:
+            out = _dumps(v.to_json())
+            if len(_SPEC_STR) < 1 << 18:
+                _SPEC_STR[v] = out
+        return out
+    if isinstance(v, list | tuple):
+        return "[" + ",".join([_encode_str(x) for x in v]) + "]"
+    return _dumps(_encode(v))
+
+
 def _decode(v: Any) -> ArgValue:
     if isinstance(v, dict):
         if "T" in v:
@@ -144,10 +166,10 @@ class OpCall:
     def to_json_str(self) -> str:
         if self._json:
             return self._json
-        body = {"a": _encode(list(self.args))}
+        s = '{"a":' + _encode_str(list(self.args))
         if self.kwargs:
-            body["k"] = {k: _encode(v) for k, v in self.kwargs}
-        s = json.dumps(body, sort_keys=True, separators=(",", ":"))
+            s += ',"k":{' + ",".join([_dumps(k) + ":" + _encode_str(v) for k, v in sorted(self.kwargs)]) + "}"
+        s += "}"
         object.__setattr__(self, "_json", s)
         return s
 

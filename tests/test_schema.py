@@ -109,3 +109,23 @@ def test_import_hygiene() -> None:
             "bad = [m for m in ('torch', 'pynvml') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_call_text_is_the_canonical_json() -> None:
+    """A call's text is built from each tensor spec's cached text: it equals the sorted, compact JSON of its
+    arguments for tensors (strided, offset, host), lists of them, scalars, non-finite floats and kwargs given in
+    any order."""
+    import json
+
+    from tp_query.schema.signature import SameAs, Scalar, _encode
+
+    t = TensorSpec((4, 8), DType.BF16)
+    v = TensorSpec((8, 4), DType.FP32, strides=(1, 8), offset=3)
+    h = TensorSpec((), DType.I64, host=True)
+    call = OpCall("aten._foreach_addcdiv_.ScalarList", ([t, v, t], [v, t], h, [1.0, float("nan"), -float("inf")],
+                                                     SameAs(0), Scalar("dtype", "bf16"), None, True, 3, "x"),
+                  (("scale", 0.125), ("alpha", float("inf")), ("dtype", Scalar("dtype", "fp32"))))
+    body = {"a": _encode(list(call.args)), "k": {k: _encode(x) for k, x in call.kwargs}}
+    assert call.to_json_str() == json.dumps(body, sort_keys=True, separators=(",", ":"))
+    again = OpCall.from_json_str(call.op, call.to_json_str())
+    assert OpCall(again.op, again.args, again.kwargs).to_json_str() == call.to_json_str()
