@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 from tp_query.schema.gpus import GpuSpec, gpu_spec
 from tp_query.schema.messages import first_line
-from tp_query.schema.model_config import ArchFamily, family_label
+from tp_query.schema.model_config import VALIDATED_MODEL_TYPES, ArchFamily, family_label
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
 from tp_query.schema.system import SystemSpec
@@ -392,9 +392,11 @@ class _Assemble:
             self.warnings.append(self.eng.version_warning)
         model = self.g.meta.model
         if model.get("family") == ArchFamily.TRANSFORMERS.value:
-            self.warnings.append(f"{model.get('model_type')}: transformers' own module as the config builds it, a model "
-                                 f"type without a validation run here (its operators are priced from the database "
-                                 f"like any other; MFU is not computed)")
+            mt = model.get("model_type")
+            runs = ("a model type with held-out runs of cut models here (docs/validation.md)"
+                    if mt in VALIDATED_MODEL_TYPES else "a model type without a validation run here")
+            self.warnings.append(f"{mt}: transformers' own module as the config builds it, {runs} (its operators are "
+                                 f"priced from the database like any other; MFU is not computed)")
         self.warnings += [w for w in self.g.meta.extra.get("warnings", []) if w not in self.warnings]
         if self.eng.calibration_source.startswith("default"):
             self.warnings.append(f"host model: {self.eng.calibration_source}")

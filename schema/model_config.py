@@ -44,6 +44,12 @@ class ArchFamily(StrEnum):
     TRANSFORMERS = "transformers"
 
 
+# Model types known only to transformers (ArchFamily.TRANSFORMERS) with held-out runs of their own on the H200
+# (collector/validate.py GENERIC_CASES and BF16_ONLY_CASES; tests/test_trace_generic.py keeps the two in step)
+VALIDATED_MODEL_TYPES = frozenset({"olmo2", "granite", "gemma", "gpt_oss", "starcoder2", "smollm3", "glm4_moe", "dots1",
+                                   "olmoe", "deepseek_v2", "deepseek_v3", "llama4_text"})
+
+
 class Builder(StrEnum):
     NATIVE = "native"  # engine/trace/models.py: our op-for-op copies (shardable in every way)
     HF = "hf"  # engine/trace/hf_models.py: transformers' own modules, sharded through their config

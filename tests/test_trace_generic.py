@@ -139,3 +139,12 @@ def test_a_module_the_trace_cannot_follow_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match="depends on tensor values") as e:
         trace_config(TraceRequest(parse_config(cfg), Setting.BF16, 1, 32))
     assert "\n" not in str(e.value)
+
+
+def test_the_validated_model_types_are_those_with_held_out_runs() -> None:
+    """A prediction says whether its model type has held-out runs: the list the engine reads is the case table's."""
+    from tp_query.collector.validate import BF16_ONLY_CASES, GENERIC_CASES
+    from tp_query.schema.model_config import VALIDATED_MODEL_TYPES
+
+    cased = {parse_config(cfg).model_type for cfg, *_ in [*GENERIC_CASES.values(), *BF16_ONLY_CASES.values()]}
+    assert cased == set(VALIDATED_MODEL_TYPES)
