@@ -361,6 +361,12 @@ def default_cases() -> list[Case]:
     add("mistral-7b-full", MISTRAL_7B, 1, 4096, "holdout", settings=["bf16"])
     add("qwen3-8b-full", QWEN3_8B, 1, 4096, "holdout", settings=["bf16"])
     add("llama3-70b-L12", layers_of(LLAMA3_70B, 12), 1, 4096, "holdout", settings=["amp_bf16"])
+    # one stage each of GLM-4.5-Air cut to 4 layers (1 dense + 3 with 128 experts) split PP=2, run alone: the
+    # first stage holds the dense layer, the last only MoE layers (2026-12-01, predicted before they ran)
+    for s in ("amp_bf16", "bf16"):
+        for stage in ("first", "last"):
+            cases.append(Case(f"glm4.5-air-L4-pp2-{stage}-mb1-s4096-{s}", "glm4.5-air-L4", layers_of(GLM45_AIR, 4), s,
+                              1, 4096, "holdout", pp_stage=stage, pp=2))
     # whole models whose layers differ along the depth (2026-12-01, predicted before they ran): SmolLM3-3B (9 of 36
     # layers without RoPE) and OLMoE-1B-7B (16 MoE layers)
     add("smollm3-3b-full", SMOLLM3_3B, 1, 4096, "holdout", settings=["amp_bf16", "bf16"])
