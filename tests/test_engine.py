@@ -324,3 +324,16 @@ def test_host_range_over_machine_instances(cpu_db: Path, tmp_path: Path) -> None
     for m, ms in (("mFast", fast_ms), ("mSlow", slow_ms)):
         assert f"{eng.assemble(req(), host_machine=m).run().iteration_ms:.1f}" == f"{ms:.1f}"
     assert not any(w.startswith("host speed:") for w in eng.predict(req()).warnings)
+
+
+def test_installed_versions_read_as_importlib_metadata_reads_them() -> None:
+    """The graph cache keys on installed versions read from dist-info folder names (without importing
+    importlib.metadata on a warm predict): the same versions importlib.metadata reports, and the caller's
+    fallback for a package that is not installed."""
+    from importlib.metadata import version
+
+    from tp_query.engine.graphcache import _installed_version
+
+    for pkg in ("numpy", "duckdb", "pyarrow", "tp-query", "typer"):
+        assert _installed_version(pkg, "none") == version(pkg)
+    assert _installed_version("no-such-package-tpq", "none") == "none"
