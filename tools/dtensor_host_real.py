@@ -4,7 +4,9 @@ PyTorch's fake process group (collectives return at once, so NCCL's own host wor
 and sharding propagation run as they do on two GPUs) and times each phase's host issue (the CPU time until the
 phase's Python call returns, the GPU left to catch up) and its synced wall time, for the plain TP-shard model, TP
 and TP+SP, at the probe's tiny size and at LLaMA-3-8B's, over 1, 2 and 4 layers. Writes OUT/dtensor-host-real.json.
-    python3 tools/dtensor_host_real.py OUT          (on a GPU)"""
+Under torchrun on two GPUs the same over NCCL (OUT/dtensor-host-nccl.json), where the collectives are real.
+    python3 tools/dtensor_host_real.py OUT                               (one GPU, fake process group)
+    torchrun --nproc-per-node 2 tools/dtensor_host_real.py OUT           (two GPUs, NCCL)"""
 import contextlib
 import json
 import statistics
@@ -25,8 +27,15 @@ def main(out: Path) -> None:
     from tp_query.collector.dist_validate import _adamw, _apply_tp, _hf_model
     from tp_query.collector.validate import LLAMA3_8B, tp_shard_config
 
-    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
-    device = torch.device("cuda", 0)
+    import os
+
+    real = "WORLD_SIZE" in os.environ  # under torchrun on two GPUs: NCCL itself, for the comparison
+    if real:
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    rank = dist.get_rank()
+    device = torch.device("cuda", rank if real else 0)
     torch.cuda.set_device(device)
     mesh = init_device_mesh("cuda", (2,), mesh_dim_names=("tp",))
     sizes = {"tiny": ({**TINY}, 32), "llama3-8b": ({k: v for k, v in LLAMA3_8B.items()}, 4096)}
@@ -78,10 +87,12 @@ def main(out: Path) -> None:
                            **{f"{p}_issue_us": statistics.median(v) for p, v in issue.items()},
                            **{f"{p}_wall_us": statistics.median(v) for p, v in wall.items()}}
                     rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    if rank == 0:
+                        print(json.dumps(row), flush=True)
                     del model, opt, logits, loss
                     torch.cuda.empty_cache()
-    (out / "dtensor-host-real.json").write_text(json.dumps(rows, indent=1))
+    if rank == 0:
+        (out / ("dtensor-host-nccl.json" if real else "dtensor-host-real.json")).write_text(json.dumps(rows, indent=1))
     dist.destroy_process_group()
 
 
