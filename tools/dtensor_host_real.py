@@ -20,14 +20,14 @@ import torch.nn.functional as F
 
 
 def main(out: Path) -> None:
+    import os
+
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import loss_parallel
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from tp_query.collector.dist_probe import TINY
     from tp_query.collector.dist_validate import _adamw, _apply_tp, _hf_model
     from tp_query.collector.validate import LLAMA3_8B, tp_shard_config
-
-    import os
 
     real = "WORLD_SIZE" in os.environ  # under torchrun on two GPUs: NCCL itself, for the comparison
     if real:
