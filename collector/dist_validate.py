@@ -144,6 +144,17 @@ def dist_cases(world: int) -> list[DistCase]:
         add("megatron", "mcore_dp", "qwen3-8b-L4", q3, s, "holdout", dp=world)
         add("megatron", "mcore_tp", "qwen3-8b-L4", q3, s, "holdout", tp=world)
         add("megatron", "mcore_pp", "qwen3-8b-L4", q3, s, "holdout", pp=world, m=4)
+    # Model types known only to transformers whose layers differ along the depth (2026-12-01, predicted before
+    # they ran): SmolLM3-3B cut to 4 layers (one without RoPE) and GLM-4.5-Air cut to 3 (one dense, two MoE)
+    from .validate import GLM45_AIR, SMOLLM3_3B
+
+    for s in ("bf16", "amp_bf16"):
+        sm = layers_of(SMOLLM3_3B, 4)
+        add("torch", "ddp", "smollm3-3b-L4", sm, s, "holdout", dp=world)
+        add("torch", "fsdp_z3", "smollm3-3b-L4", sm, s, "holdout", dp=world)
+        add("torch", "pp_1f1b", "smollm3-3b-L4", sm, s, "holdout", pp=world, m=4)
+    for kind in ("ddp", "fsdp_z3"):
+        add("torch", kind, "glm4.5-air-L3", layers_of(GLM45_AIR, 3), "bf16", "holdout", dp=world)
     # Megatron-Core MoE (Mixtral-8x7B shape, 2 layers): experts replicated (ep 1) and split over the DP ranks
     for s in ("mp_bf16", "tf32"):
         for ep in (1, world):
