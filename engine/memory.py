@@ -63,11 +63,16 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     unsharded = 0
     if torch_fsdp:  # gathered units in compute precision: the root all step, one or all layers in flight
         itemsize = st.param_dtype.itemsize
-        layer_numel = sum(p.numel for p in stage.params if p.section == Section.LAYER)
-        layer_full = layer_numel * itemsize // max(stage.layers, 1)
+        per_layer: dict[int, int] = {}
+        for p in stage.params:
+            if p.section == Section.LAYER:
+                per_layer[p.layer] = per_layer.get(p.layer, 0) + p.numel
+        layer_numel = sum(per_layer.values())
         root_full = (stage.param_numel - layer_numel) * itemsize
-        # at the start of backward: ZeRO-3 holds the prefetched last layer, ZeRO-2 every layer since forward
-        unsharded = root_full + (1 if par.zero == 3 else stage.layers) * layer_full
+        # at the start of backward: ZeRO-3 holds the prefetched last layer (the largest unit where layer kinds
+        # differ: a dense-first MoE ends in MoE layers), ZeRO-2 every layer since forward
+        unit = max(per_layer.values(), default=0) if par.zero == 3 else layer_numel
+        unsharded = root_full + unit * itemsize
         if st.master_weights:
             w = 4 * stage.param_numel // par.dp  # the sharded parameters are the fp32 master weights
             o -= master // (par.dp if par.zero >= 1 else 1)
