@@ -17,6 +17,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from tp_query.schema.model_config import layer_kinds_of
+
 GRAPH_FORMAT = "tp-query-graph/1"
 
 
@@ -157,32 +159,22 @@ def is_graph_json(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("format") == GRAPH_FORMAT
 
 
-def _model_layer_kinds(model: dict[str, Any]) -> list[str]:
-    """Each layer's kind from a graph's model dict (ModelSpec.layer_kind, without importing the schema's spec)."""
-    n = int(model.get("num_layers") or 0)
-    lt = list(model.get("layer_types") or [])
-    mlp = list(model.get("mlp_layer_types") or [])
-    rope = list(model.get("rope_layers") or [])
-    out = []
-    for i in range(n):
-        k = lt[i] if lt else "full_attention"
-        if mlp:
-            k += f"|mlp={mlp[i]}"
-        if rope and not rope[i]:
-            k += "|nope"
-        out.append(k)
-    return out
+def _traced_and_model_kinds(meta: GraphMeta) -> tuple[list[str], list[str]]:
+    """(the traced layers' kinds, the model's layers' kinds): meta.extra `traced_layer_kinds` (attention type, dense
+    or sparse MLP, RoPE), or `traced_layer_types` of graphs that vary in attention type only."""
+    extra = meta.extra if isinstance(meta.extra, dict) else {}
+    m = meta.model
+    if extra.get("traced_layer_kinds"):
+        return list(extra["traced_layer_kinds"]), layer_kinds_of(int(m.get("num_layers") or 0), m.get("layer_types"),
+                                                                 m.get("mlp_layer_types"), m.get("rope_layers"))
+    return list(extra.get("traced_layer_types") or []), list(m.get("layer_types") or [])
 
 
 def layer_templates(meta: GraphMeta) -> dict[int, float]:
     """Traced layer index -> share of the model's layers it stands for, for a model whose layers differ
     in kind (attention type, dense or sparse MLP, RoPE: meta.extra `traced_layer_kinds`, or `traced_layer_types`
     of graphs that vary in attention type only); empty for uniform layers."""
-    extra = meta.extra if isinstance(meta.extra, dict) else {}
-    if extra.get("traced_layer_kinds"):
-        traced, types = list(extra["traced_layer_kinds"]), _model_layer_kinds(meta.model)
-    else:
-        traced, types = list(extra.get("traced_layer_types") or []), list(meta.model.get("layer_types") or [])
+    traced, types = _traced_and_model_kinds(meta)
     if not traced or not types or len(set(types)) < 2:
         return {}
     out: dict[int, float] = {}
@@ -203,10 +195,6 @@ def layer_template_of(meta: GraphMeta) -> list[int]:
     templates = layer_templates(meta)
     if not templates:
         return [meta.traced_layers - 1] * n
-    extra = meta.extra if isinstance(meta.extra, dict) else {}
-    if extra.get("traced_layer_kinds"):
-        traced, kinds = list(extra["traced_layer_kinds"]), _model_layer_kinds(meta.model)
-    else:
-        traced, kinds = list(extra["traced_layer_types"]), list(meta.model.get("layer_types") or [])
+    traced, kinds = _traced_and_model_kinds(meta)
     of_kind = {traced[i]: i for i in templates}
     return [of_kind[k] for k in kinds]

@@ -36,12 +36,10 @@ def trace_fields(req: PredictRequest) -> dict[str, Any]:
 
 
 @functools.cache
-def _installed_version(package: str, missing: str) -> str:
-    """A package's version without importing it (a cached graph must not outlive the torch or the tp-query
-    that traced it); read once per process (a search asks once per graph). From the name of its dist-info folder
-    on sys.path, as importlib.metadata finds it (importing that costs a warm predict 20 ms), else from
-    importlib.metadata itself."""
-    want = package.replace("-", "_").lower()
+def _dist_info_versions() -> dict[str, str]:
+    """Normalised distribution name -> version, from the dist-info folders on sys.path (the first one wins, as
+    importlib.metadata finds them); one scan per process."""
+    out: dict[str, str] = {}
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
@@ -50,8 +48,20 @@ def _installed_version(package: str, missing: str) -> str:
         for n in names:
             if n.endswith(".dist-info"):
                 name, _, ver = n[:-len(".dist-info")].partition("-")
-                if name.replace("-", "_").lower() == want and ver:
-                    return ver
+                if ver:
+                    out.setdefault(name.replace("-", "_").lower(), ver)
+    return out
+
+
+@functools.cache
+def _installed_version(package: str, missing: str) -> str:
+    """A package's version without importing it (a cached graph must not outlive the torch or the tp-query
+    that traced it); read once per process (a search asks once per graph). From the name of its dist-info folder
+    on sys.path, as importlib.metadata finds it (importing that costs a warm predict 20 ms), else from
+    importlib.metadata itself."""
+    ver = _dist_info_versions().get(package.replace("-", "_").lower())
+    if ver:
+        return ver
     from importlib.metadata import PackageNotFoundError, version
 
     try:

@@ -77,6 +77,21 @@ REFUSED: dict[str, str] = {}
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 
 
+def layer_kinds_of(n: int, layer_types: Any, mlp_layer_types: Any, rope_layers: Any) -> list[str]:
+    """What each layer's operators depend on: its attention type, its MLP kind, and RoPE or none (a spec's fields,
+    or the same fields of a graph's model dict; empty sequences: every layer alike)."""
+    return [_layer_kind(i, layer_types, mlp_layer_types, rope_layers) for i in range(n)]
+
+
+def _layer_kind(i: int, layer_types: Any, mlp_layer_types: Any, rope_layers: Any) -> str:
+    k = layer_types[i] if layer_types else FULL
+    if mlp_layer_types:
+        k += f"|mlp={mlp_layer_types[i]}"
+    if rope_layers and not rope_layers[i]:
+        k += "|nope"
+    return str(k)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The architecture facts a training graph depends on (all sizes are the full, unsharded model)."""
@@ -165,16 +180,10 @@ class ModelSpec:
         return self.layer_types[i] if self.layer_types else FULL
 
     def layer_kind(self, i: int) -> str:
-        """What a layer's operators depend on: its attention type, its MLP kind, and RoPE or none."""
-        k = self.layer_type(i)
-        if self.mlp_layer_types:
-            k += f"|mlp={self.mlp_layer_types[i]}"
-        if self.rope_layers and not self.rope_layers[i]:
-            k += "|nope"
-        return k
+        return _layer_kind(i, self.layer_types, self.mlp_layer_types, self.rope_layers)
 
     def layer_kinds(self) -> tuple[str, ...]:
-        return tuple(self.layer_kind(i) for i in range(self.num_layers))
+        return tuple(layer_kinds_of(self.num_layers, self.layer_types, self.mlp_layer_types, self.rope_layers))
 
     def cut(self, indices: tuple[int, ...] | range) -> ModelSpec:
         """The model of the given layers of this one, in order (a trace's cut)."""

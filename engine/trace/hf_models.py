@@ -47,10 +47,15 @@ class UnsupportedSplit(ValueError):
 _ATTN_NAMES = ("self_attn", "attention", "self_attention", "attn")
 
 
+def _attn_or_none(layer: nn.Module) -> nn.Module | None:
+    return next((cast(nn.Module, getattr(layer, n)) for n in _ATTN_NAMES
+                 if isinstance(getattr(layer, n, None), nn.Module)), None)
+
+
 def _attn_attr(layer: nn.Module) -> nn.Module:
-    for n in _ATTN_NAMES:
-        if isinstance(getattr(layer, n, None), nn.Module):
-            return cast(nn.Module, getattr(layer, n))
+    attn = _attn_or_none(layer)
+    if attn is not None:
+        return attn
     raise ConfigError(f"{type(layer).__name__} has no attention module ({' / '.join(_ATTN_NAMES)}) where decoder "
                       f"layers keep it; for this model use `tp-query trace`")
 
@@ -235,8 +240,7 @@ def _check_layer_kinds_built(layers: nn.ModuleList, spec: ModelSpec) -> None:
     mlps: dict[str, tuple[Any, ...]] = {}
     for i, layer in enumerate(layers):
         shapes = tuple((n, tuple(p.shape)) for n, p in layer.named_parameters())
-        attn = next((getattr(layer, n) for n in _ATTN_NAMES if isinstance(getattr(layer, n, None), nn.Module)), None)
-        rope = getattr(attn, "use_rope", None)
+        rope = getattr(_attn_or_none(layer), "use_rope", None)
         if spec.rope_layers and rope is not None and bool(rope) != spec.rope_layers[i]:
             raise ConfigError(f"{spec.model_type}: layer {i} of the traced cut applies RoPE {bool(rope)}, the config "
                               f"reads {spec.rope_layers[i]}; for this model use `tp-query trace`")
