@@ -78,6 +78,35 @@ class MemoryProfile:
     fwd_end_bytes: int
 
 
+def memory_profile_from(marks: dict[str, int], window_peak: dict[str, int], peak: int, static: int, grad_bytes: int,
+                        n_layers: int, templates: dict[int, float]) -> MemoryProfile:
+    """The profile from a recording's marks and window peaks (live bytes above the static state); activations a
+    layer keeps are the templates' own, weighted by their share of the model's layers. The trace and a graph
+    template's replay of its memory events both end here."""
+    m = marks
+    embed_end = m.get("embed_end", 0)
+    last = m.get(f"layer{n_layers - 1}_end", embed_end)
+
+    def kept(i: int) -> int:
+        prev = m.get(f"layer{i - 1}_end", embed_end) if i >= 1 else embed_end
+        return max(m.get(f"layer{i}_end", prev) - prev, 0)
+
+    def transient(i: int) -> int:
+        start = m.get(f"bwd_layer{i}", 0)
+        return max(window_peak.get(f"bwd_layer{i}", start) - start, 0)
+
+    layer_act = round(sum(kept(i) * w for i, w in templates.items()))
+    head_peak = max(window_peak.get("head", last) - last, 0)
+    layer_bwd = max(transient(i) for i in templates)
+    opt_base = m.get("bwd_end", 0)
+    opt_peak = max(window_peak.get("opt", opt_base) - opt_base, 0)
+    return MemoryProfile(
+        static_bytes=static, embed_act_bytes=embed_end, layer_act_bytes=layer_act, head_peak_bytes=head_peak,
+        layer_bwd_transient_bytes=layer_bwd, grad_bytes=grad_bytes, opt_peak_bytes=opt_peak,
+        traced_peak_bytes=static + peak, fwd_end_bytes=m.get("fwd_end", 0),
+    )
+
+
 @dataclass(frozen=True)
 class GraphMeta:
     source: str  # "config" | "module"

@@ -95,10 +95,13 @@ def _cached_key(req: PredictRequest) -> str | None:
     if is_graph_json(req.model):
         return None
     try:
-        key = _graph_cache_key(parse_config(req.model, req.model_name), req)
+        spec = parse_config(req.model, req.model_name)
+        key = _graph_cache_key(spec, req)
     except ConfigError:
         return None
-    return None if _cache_path(key).exists() else key
+    if _cache_path(key).exists() or _from_template(spec, req) is not None:
+        return None
+    return key
 
 
 def _trace_one(req: PredictRequest) -> bool:
@@ -139,6 +142,21 @@ def trace_missing(reqs: list[PredictRequest], jobs: int, progress: Callable[[int
     return done
 
 
+def _from_template(spec: ModelSpec, req: PredictRequest) -> Graph | None:
+    """The graph from its structural type's template (shipped or built), without torch; None when there is no
+    template for it or the request lies outside the box its traces spanned."""
+    from . import template
+
+    par = req.parallel
+    if not template.templatable(spec, par.framework, par.ep, req.moe_imbalance):
+        return None
+    dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
+    if dims is None:
+        return None
+    t = template.find(template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION))
+    return None if t is None else t.instantiate(dims, spec.to_dict())
+
+
 def graph_for(req: PredictRequest) -> Graph:
     if is_graph_json(req.model):
         try:
@@ -171,6 +189,10 @@ def graph_for(req: PredictRequest) -> Graph:
         spec = parse_config(req.model, req.model_name)
     except ConfigError as e:
         raise PredictError(str(e)) from None
+    par = req.parallel
+    g_t = _from_template(spec, req)
+    if g_t is not None:
+        return g_t
     key = _graph_cache_key(spec, req)
     path = _cache_path(key)
     if path.exists():
@@ -184,7 +206,6 @@ def graph_for(req: PredictRequest) -> Graph:
         raise PredictError("tracing a config needs torch (pip install 'tp-query[trace]'), or pass a graph "
                            "file from `tp-query trace`") from None
     try:
-        par = req.parallel
         g = trace_config(TraceRequest(spec, req.setting, par.micro_batch, req.seq_len, par.tp,
                                       par.sequence_parallel, par.recompute, req.optimizer, framework=par.framework,
                                       ep=par.ep, moe_imbalance=req.moe_imbalance))

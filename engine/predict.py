@@ -672,6 +672,11 @@ class _Assemble:
             "family": family_label(m),
             "builder": "Megatron-Core local spec" if megatron else (
                 "transformers' own modules" if m.get("builder") == "hf" else "op-for-op copy of transformers"),
+            "graph": (f"template {self.g.meta.extra['template']} (its structural type's graph, every number fitted from "
+                      f"{self.g.meta.extra.get('template_traces')} traces with torch {self.g.meta.torch_version} and "
+                      "checked on each; no trace at query time)"
+                      if isinstance(self.g.meta.extra, dict) and self.g.meta.extra.get("template")
+                      else f"traced with torch {self.g.meta.torch_version}"),
         }
         types = m.get("layer_types") or []
         if types:

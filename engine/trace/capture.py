@@ -32,6 +32,7 @@ from tp_query.engine.graph import (
     Phase,
     Section,
     layer_templates,
+    memory_profile_from,
     sequence_parallel_norm,
 )
 from tp_query.engine.request import OPTIMIZERS
@@ -47,6 +48,11 @@ from .torchargs import dtype_of, encode_call, torch_dtype
 
 _ACC_GRAD_SEQ = 2**64 - 1
 BLOCK = 512  # the caching allocator rounds every block to 512 bytes
+
+
+# a template build (engine/trace/template_build.py) asks for each operator's new storages in raw bytes, before the
+# allocator's rounding (meta.extra "alloc_parts"): each is a monomial of the dimensions, their rounded sum is not
+RECORD_ALLOC_PARTS = False
 
 
 def rounded(nbytes: int) -> int:
@@ -265,6 +271,8 @@ class _Capture:
         self.partial_params: list[torch.nn.Parameter] = []
         self.partial_grads = _HostSet()
         self.records: list[OpRecord] = []
+        self.alloc_parts: list[tuple[int, ...]] = []  # per record: the raw bytes of each new storage
+        self._parts: list[int] = []
         self.seq_marks: list[int] = []
         self.seq_sections: list[tuple[Section, int]] = []
         self.live = 0
@@ -274,6 +282,12 @@ class _Capture:
         self._keep: list[Any] = []  # pre-existing storages, held so their ids stay theirs
         self.window_peak: dict[str, int] = {}
         self._windows: set[str] = set()
+        # a template build's memory events (RECORD_ALLOC_PARTS): ("a",) an allocation (the next of alloc_parts),
+        # ("f", i) the i-th allocation freed, ("t", bytes) a transient, ("m" | "o" | "c", name) a mark, a window
+        # opened, closed, ("mo", name, k) a mark below the last k allocations (an operator's own); engine/template.py replays them at other dimensions
+        self.events: list[tuple[Any, ...]] = []
+        self._alloc_of: dict[int, int] = {}
+        self._n_allocs = 0
 
     # -- sections ----------------------------------------------------------------------------
     def enter(self, section: Section, layer: int = -1) -> None:
@@ -303,6 +317,8 @@ class _Capture:
     # -- memory -------------------------------------------------------------------------------
     def _free(self, key: int) -> None:
         self.live -= self._sizes.pop(key, 0)
+        if key in self._alloc_of:
+            self.events.append(("f", self._alloc_of.pop(key)))
 
     def track(self, t: torch.Tensor) -> int:
         if t in self.host_ids:
@@ -311,6 +327,11 @@ class _Capture:
         key = id(st)
         if key in self._sizes:
             return 0
+        self._parts.append(int(st.nbytes()))
+        if RECORD_ALLOC_PARTS:
+            self._alloc_of[key] = self._n_allocs
+            self._n_allocs += 1
+            self.events.append(("a",))
         n = rounded(st.nbytes())
         self._sizes[key] = n
         weakref.finalize(st, self._free, key)
@@ -323,6 +344,8 @@ class _Capture:
 
     def transient(self, n: int) -> None:
         """Bytes live for the duration of one operator only: they raise the peaks, not the live count."""
+        if RECORD_ALLOC_PARTS:
+            self.events.append(("t", int(n)))
         top = self.live + n
         self.peak = max(self.peak, top)
         for w in self._windows:
@@ -337,13 +360,19 @@ class _Capture:
             self._keep.append(st)
 
     def mark(self, name: str) -> None:
+        if RECORD_ALLOC_PARTS:
+            self.events.append(("m", name))
         self.marks[name] = self.live
 
     def open_window(self, name: str) -> None:
+        if RECORD_ALLOC_PARTS:
+            self.events.append(("o", name))
         self._windows.add(name)
         self.window_peak[name] = self.live
 
     def close_window(self, name: str) -> None:
+        if RECORD_ALLOC_PARTS:
+            self.events.append(("c", name))
         self._windows.discard(name)
 
     # -- ops ----------------------------------------------------------------------------------
@@ -374,13 +403,17 @@ class _Capture:
             if i < len(outs) and isinstance(outs[i], torch.Tensor):
                 self.host_ids.add(outs[i])
         alloc = 0
+        self._parts = []
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 alloc += self.track(t)
         self.records.append(OpRecord(call.op, call.to_json_str(), self.phase, section, layer, alloc))
+        self.alloc_parts.append(tuple(self._parts))
         if self.phase == Phase.BWD and section == Section.LAYER:
             key = f"bwd_layer{layer}"
             if key not in self.marks:
+                if RECORD_ALLOC_PARTS:  # a mark below this operator's own allocations (the last len(_parts))
+                    self.events.append(("mo", key, len(self._parts)))
                 self.marks[key] = self.live - alloc
                 self.open_window(key)
             for w in list(self._windows):
@@ -400,12 +433,14 @@ class _Capture:
         call = OpCall(f"comm.{kind}", (spec,), (("group", group),))
         section, layer = (self._backward_section() if self.phase == Phase.BWD else (self.section, self.layer))
         self.records.append(OpRecord(call.op, call.to_json_str(), self.phase, section, layer, 0))
+        self.alloc_parts.append(())
 
     def sync(self, section: Section = Section.OPTIM, dtype: torch.dtype = torch.float32) -> None:
         """A host synchronisation the fake run cannot perform (GradScaler's found_inf.item(), HF's
         packed-sequence check)."""
         call = OpCall("aten._local_scalar_dense.default", (TensorSpec((), dtype_of(dtype)),))
         self.records.append(OpRecord(call.op, call.to_json_str(), self.phase, section, -1, 0))
+        self.alloc_parts.append(())
 
 
 def _construct(factory: Callable[[], torch.nn.Module], dtype: torch.dtype) -> torch.nn.Module:
@@ -421,15 +456,20 @@ def _construct(factory: Callable[[], torch.nn.Module], dtype: torch.dtype) -> to
     return model
 
 
-def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+def _storage_parts(tensors: list[torch.Tensor]) -> list[int]:
+    """The raw bytes of each distinct storage of `tensors`."""
     seen: set[int] = set()
-    total = 0
+    out = []
     for t in tensors:
         st = t.untyped_storage()
         if id(st) not in seen:
             seen.add(id(st))
-            total += rounded(st.nbytes())
-    return total
+            out.append(int(st.nbytes()))
+    return out
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(rounded(n) for n in _storage_parts(tensors))
 
 
 def _validate(req: TraceRequest) -> None:
@@ -650,7 +690,8 @@ def _trace_config(req: TraceRequest, full_warmup_step: bool) -> Graph:
         cap = _Capture(host_ids, param_section)
         state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         state += list(getattr(opt, "extra_state", getattr(opt, "master", [])))
-        static = _storage_bytes(params + [t for t in state if t not in host_ids])
+        static_parts = _storage_parts(params + [t for t in state if t not in host_ids])
+        static = sum(rounded(n) for n in static_parts)
         cap.known(params + state + list(model.buffers()) + [input_ids])
         if scaler is not None:
             static += 2 * BLOCK
@@ -679,7 +720,8 @@ def _trace_config(req: TraceRequest, full_warmup_step: bool) -> Graph:
                 h.remove()
 
     # named_parameters() lists a tied LM head once, under the embedding
-    grad_bytes = sum(rounded(p.numel * torch_dtype(p.dtype).itemsize) for p in records_params)
+    grad_parts = [p.numel * torch_dtype(p.dtype).itemsize for p in records_params]
+    grad_bytes = sum(rounded(n) for n in grad_parts)
     extra: dict[str, Any] = {"trace_s": round(time.perf_counter() - t0, 3), "framework": req.framework}
     if req.ep > 1:
         extra["ep"] = req.ep
@@ -698,42 +740,28 @@ def _trace_config(req: TraceRequest, full_warmup_step: bool) -> Graph:
         extra["traced_layer_types"] = list(spec_t.layer_types)
     if len(set(req.spec.layer_kinds())) > 1:
         extra["traced_layer_kinds"] = list(spec_t.layer_kinds())
+    if RECORD_ALLOC_PARTS:
+        extra["alloc_parts"] = [list(p) for p in cap.alloc_parts]
+        extra["mem_events"] = [list(e) for e in cap.events]
+        extra["static_parts"] = static_parts
+        extra["static_more"] = static - sum(rounded(n) for n in static_parts)
+        extra["grad_parts"] = grad_parts
     meta = GraphMeta(
         source="config", model=req.spec.to_dict(), setting=req.setting.value, micro_batch=req.micro_batch,
         seq_len=req.seq_len, tp=req.tp, sequence_parallel=shard.sequence_parallel, recompute=req.recompute,
         optimizer=req.optimizer, traced_layers=n_traced, torch_version=torch.__version__,
         sdpa_policy=sdpa.POLICY_ID, extra=extra,
     )
-    mem = _memory_profile(cap, static, grad_bytes, n_traced,
-                          layer_templates(meta) or {n_traced - 1: 1.0})
+    mem_templates = layer_templates(meta) or {n_traced - 1: 1.0}
+    mem = _memory_profile(cap, static, grad_bytes, n_traced, mem_templates)
+    if RECORD_ALLOC_PARTS:
+        extra["mem_templates"] = [[k, v] for k, v in mem_templates.items()]
     return Graph(meta, tuple(cap.records), tuple(records_params), mem)
 
 
 def _memory_profile(cap: _Capture, static: int, grad_bytes: int, n_layers: int,
                     templates: dict[int, float]) -> MemoryProfile:
-    """Activations a layer keeps: the templates' own (weighted by their share of the model's layers)."""
-    m = cap.marks
-    embed_end = m.get("embed_end", 0)
-    last = m.get(f"layer{n_layers - 1}_end", embed_end)
-
-    def kept(i: int) -> int:
-        prev = m.get(f"layer{i - 1}_end", embed_end) if i >= 1 else embed_end
-        return max(m.get(f"layer{i}_end", prev) - prev, 0)
-
-    def transient(i: int) -> int:
-        start = m.get(f"bwd_layer{i}", 0)
-        return max(cap.window_peak.get(f"bwd_layer{i}", start) - start, 0)
-
-    layer_act = round(sum(kept(i) * w for i, w in templates.items()))
-    head_peak = max(cap.window_peak.get("head", last) - last, 0)
-    layer_bwd = max(transient(i) for i in templates)
-    opt_base = m.get("bwd_end", 0)
-    opt_peak = max(cap.window_peak.get("opt", opt_base) - opt_base, 0)
-    return MemoryProfile(
-        static_bytes=static, embed_act_bytes=embed_end, layer_act_bytes=layer_act, head_peak_bytes=head_peak,
-        layer_bwd_transient_bytes=layer_bwd, grad_bytes=grad_bytes, opt_peak_bytes=opt_peak,
-        traced_peak_bytes=static + cap.peak, fwd_end_bytes=m.get("fwd_end", 0),
-    )
+    return memory_profile_from(cap.marks, cap.window_peak, cap.peak, static, grad_bytes, n_layers, templates)
 
 
 def trace_module(factory: Callable[[], torch.nn.Module], make_inputs: Callable[[torch.nn.Module], tuple[Any, ...]],

@@ -1,0 +1,384 @@
+"""Graph templates: the traced graph of one structural type with every number a function of the dimensions.
+
+A structural type is a model spec minus its sizes, a precision setting, the trace flags (SP, recompute,
+optimizer, framework) and which dimensions are 1 (a size-1 dimension changes strides and so the operators
+PyTorch dispatches). Within a type every integer of the graph (shapes, offsets, bytes allocated, memory
+profile) is a polynomial in the per-rank dimensions `DIMS`; a template holds those polynomials, fitted
+from real traces (engine/trace/template_build.py), and instantiates a graph without importing torch.
+
+A template answers only inside the box of dimensions its traces spanned, and only where every integer it
+computes is an integer: elsewhere it returns None and the caller traces. Sizes of allocations are rounded as the
+caching allocator rounds them (512 bytes).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from tp_query.schema.model_config import ArchFamily, Builder, ModelSpec
+
+from .graph import Graph, GraphMeta, MemoryProfile, OpRecord, ParamRecord, Phase, Section, memory_profile_from
+
+TEMPLATE_FORMAT = "tp-query-template/1"
+# per-rank dimensions of a dense native decoder: micro-batch, sequence, hidden, KV heads per rank, query heads per
+# KV head, head size, FFN per rank, vocabulary per rank, TP degree
+DIMS = ("mb", "seq", "hidden", "kl", "g", "hd", "fl", "vl", "tp")
+ALLOC_ROUND = 512  # the caching allocator's block rounding (bytes)
+_SIZE_FIELDS = ("name", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                "intermediate_size")
+# a JSON string (kept as text) or a JSON number (a template slot)
+NUMBER_RE = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)')
+
+
+class TemplateError(ValueError):
+    """A structural type whose graph is not polynomial in its dimensions (the caller traces instead)."""
+
+
+def templatable(spec: ModelSpec, framework: str, ep: int, moe_imbalance: float) -> bool:
+    """Dense decoders of the native builder (Llama, Mistral and Qwen2 without sliding windows) under torch."""
+    return (spec.builder == Builder.NATIVE and spec.family == ArchFamily.LLAMA and not spec.is_moe
+            and framework == "torch" and ep == 1 and moe_imbalance == 1.0 and not spec.layer_types
+            and not spec.mlp_layer_types and not spec.rope_layers)
+
+
+def dims_of(spec: ModelSpec, micro_batch: int, seq_len: int, tp: int) -> dict[str, int] | None:
+    """The per-rank dimensions of a request; None when a size does not split evenly (the trace refuses it)."""
+    if spec.num_kv_heads % tp or spec.num_heads % spec.num_kv_heads or spec.intermediate_size % tp \
+            or spec.vocab_size % tp:
+        return None
+    return {"mb": micro_batch, "seq": seq_len, "hidden": spec.hidden_size, "kl": spec.num_kv_heads // tp,
+            "g": spec.num_heads // spec.num_kv_heads, "hd": spec.head_dim, "fl": spec.intermediate_size // tp,
+            "vl": spec.vocab_size // tp, "tp": tp}
+
+
+def spec_at(spec: ModelSpec, dims: dict[str, int]) -> ModelSpec:
+    """The model of these per-rank dimensions (what a build traces)."""
+    tp = dims["tp"]
+    return replace(spec, hidden_size=dims["hidden"], num_heads=dims["kl"] * dims["g"] * tp,
+                   num_kv_heads=dims["kl"] * tp, head_dim=dims["hd"], intermediate_size=dims["fl"] * tp,
+                   vocab_size=dims["vl"] * tp)
+
+
+def ones_of(dims: dict[str, int]) -> tuple[str, ...]:
+    return tuple(k for k in DIMS if dims[k] == 1)
+
+
+def structure_key(spec: ModelSpec, fields: dict[str, Any], ones: tuple[str, ...], trace_version: int) -> str:
+    """The structural type: the spec without its sizes, the trace fields without micro-batch, sequence and TP,
+    and which dimensions are 1."""
+    s = {k: v for k, v in spec.to_dict().items() if k not in _SIZE_FIELDS}
+    f = {k: v for k, v in fields.items() if k not in ("mb", "seq", "tp")}
+    body = json.dumps({"spec": s, "fields": f, "ones": list(ones), "v": trace_version, "tpl": TEMPLATE_FORMAT},
+                      sort_keys=True, default=str)
+    return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
+
+
+def round_alloc(n: int) -> int:
+    """As engine/trace/capture.rounded: at least one block, whole blocks."""
+    return max(ALLOC_ROUND, -(-n // ALLOC_ROUND) * ALLOC_ROUND) if n > 0 else 0
+
+
+# A slot's form: ("m", c, d, exps) integer c * prod(x^e) + d; ("l", ((c, exps), ...)) a sum of monomials (memory
+# totals, within the allocator's rounding);
+# ("f", value) a float constant; ("p", c, var, power) a float c * x^power.
+Form = tuple[Any, ...]
+
+
+def _mono(dims: dict[str, int], exps: tuple[int, ...], cache: dict[tuple[int, ...], int | Fraction]) -> int | Fraction:
+    v = cache.get(exps)
+    if v is None:
+        num = den = 1
+        for x, e in zip((dims[k] for k in DIMS), exps, strict=True):
+            if e > 0:
+                num *= x ** e
+            elif e < 0:
+                den *= x ** -e
+        v = cache[exps] = num if den == 1 else Fraction(num, den)
+    return v
+
+
+def exact_int(x: Fraction) -> int | Fraction:
+    return x.numerator if x.denominator == 1 else x
+
+
+def eval_form(f: Form, dims: dict[str, int], cache: dict[tuple[int, ...], int | Fraction]) -> int | float | None:
+    """A slot's value at `dims`; None where an integer slot is not an integer there."""
+    kind = f[0]
+    if kind == "m":
+        v = f[1] * _mono(dims, f[3], cache) + f[2]
+        if isinstance(v, int):
+            return v
+        return int(v) if v.denominator == 1 else None
+    if kind == "l":
+        return round(sum(c * _mono(dims, e, cache) for c, e in f[1]))
+    if kind == "f":
+        return float(f[1])
+    if kind == "p":
+        return float(f[1]) * float(dims[f[2]]) ** float(f[3])
+    raise ValueError(f"unknown template form {kind!r}")
+
+
+def split_numbers(text: str) -> tuple[list[str], list[int | float]]:
+    """A JSON text's number literals (outside strings) and the text around them."""
+    chunks: list[str] = []
+    nums: list[int | float] = []
+    last = 0
+    for m in NUMBER_RE.finditer(text):
+        if m.group(1) is None:
+            continue
+        chunks.append(text[last:m.start()])
+        lit = m.group(1)
+        nums.append(float(lit) if ("." in lit or "e" in lit or "E" in lit) else int(lit))
+        last = m.end()
+    chunks.append(text[last:])
+    return chunks, nums
+
+
+def _render(chunks: list[str], vals: list[int | float]) -> str:
+    out = [chunks[0]]
+    for v, c in zip(vals, chunks[1:], strict=True):
+        out.append(json.dumps(v))
+        out.append(c)
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class GraphTemplate:
+    """One structural type's graph with number slots: the ops' text around its numbers, the params, memory and
+    meta fields, and one form per slot, in the order `numbers_of` lists them."""
+
+    key: str
+    ones: tuple[str, ...]
+    box: dict[str, tuple[int, int]]  # the dimensions the build's traces spanned
+    skeleton: dict[str, Any]  # the base graph's JSON with every number replaced by a slot order
+    forms: tuple[Form, ...]
+    traces: int  # how many traces the forms were fitted and checked on
+    torch_version: str
+
+    def covers(self, dims: dict[str, int]) -> bool:
+        if ones_of(dims) != self.ones:
+            return False
+        return all(lo <= dims[k] <= hi for k, (lo, hi) in self.box.items())
+
+    def instantiate(self, dims: dict[str, int], model: dict[str, Any]) -> Graph | None:
+        """The graph at `dims` (meta.model set to `model`), or None outside the template's domain."""
+        if not self.covers(dims):
+            return None
+        cache: dict[tuple[int, ...], int | Fraction] = {}
+        vals: list[int | float] = []
+        for f in self.forms:
+            v = eval_form(f, dims, cache)
+            if v is None:
+                return None
+            vals.append(v)
+        return graph_from_numbers(self.skeleton, vals, model, self.key, self.traces)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": TEMPLATE_FORMAT, "key": self.key, "ones": list(self.ones),
+                "box": {k: list(v) for k, v in self.box.items()}, "skeleton": self.skeleton,
+                "forms": [_form_json(f) for f in self.forms], "traces": self.traces,
+                "torch_version": self.torch_version}
+
+    @staticmethod
+    def from_json(obj: dict[str, Any]) -> GraphTemplate:
+        if obj.get("format") != TEMPLATE_FORMAT:
+            raise ValueError(f"not a {TEMPLATE_FORMAT} file")
+        return GraphTemplate(key=obj["key"], ones=tuple(obj["ones"]),
+                             box={k: (int(a), int(b)) for k, (a, b) in obj["box"].items()},
+                             skeleton=obj["skeleton"], forms=tuple(_form_load(f) for f in obj["forms"]),
+                             traces=int(obj["traces"]), torch_version=obj["torch_version"])
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(gzip.compress(json.dumps(self.to_json(), separators=(",", ":")).encode(), 6))
+        os.replace(tmp, path)
+
+    @staticmethod
+    def load(path: Path) -> GraphTemplate:
+        return GraphTemplate.from_json(json.loads(gzip.decompress(path.read_bytes())))
+
+
+def _form_json(f: Form) -> list[Any]:
+    if f[0] == "m":
+        return [f[0], str(f[1]), str(f[2]), list(f[3])]
+    if f[0] == "l":
+        return [f[0], [[str(c), list(e)] for c, e in f[1]]]
+    return list(f)
+
+
+def _form_load(f: list[Any]) -> Form:
+    if f[0] == "m":
+        return (f[0], exact_int(Fraction(f[1])), exact_int(Fraction(f[2])), tuple(int(e) for e in f[3]))
+    if f[0] == "l":
+        return (f[0], tuple((exact_int(Fraction(c)), tuple(int(x) for x in e)) for c, e in f[1]))
+    return tuple(f)
+
+
+# -- a graph as skeleton + numbers (the build and instantiation share this one layout) ----------------------------
+
+_META_NUMS = ("micro_batch", "seq_len", "tp", "traced_layers")
+_EXTRA_BUILD = ("trace_s", "alloc_parts", "mem_events", "mem_templates", "static_parts", "static_more", "grad_parts")
+
+
+def numbers_of(g: Graph) -> tuple[dict[str, Any], list[int | float], list[str]]:
+    """(skeleton, numbers, the role of each number: "sig", "part", "shape", "mem", "transient" or "meta") of a graph
+    traced for a template (capture.RECORD_ALLOC_PARTS): each operator's new storages in raw bytes, and the
+    recording's memory events."""
+    extra = g.meta.extra or {}
+    parts, events = extra.get("alloc_parts"), extra.get("mem_events")
+    if parts is None or events is None or len(parts) != len(g.ops):
+        raise ValueError("a template is built from traces that record storages and memory events (alloc_parts)")
+    nums: list[int | float] = []
+    roles: list[str] = []
+    ops = []
+    for o, pa in zip(g.ops, parts, strict=True):
+        chunks, n = split_numbers(o.sig)
+        nums.extend(n)
+        roles.extend(["sig"] * len(n))
+        nums.extend(pa)
+        roles.extend(["part"] * len(pa))
+        ops.append([o.op, chunks, o.phase.value, o.section.value, o.layer, len(pa)])
+    params = []
+    for p in g.params:
+        nums.extend(p.shape)
+        roles.extend(["shape"] * len(p.shape))
+        params.append([p.name, len(p.shape), p.dtype, p.section.value, p.layer])
+    skel_events = []
+    for e in events:
+        if e[0] == "t":
+            nums.append(int(e[1]))
+            roles.append("transient")
+            skel_events.append(["t"])
+        else:
+            skel_events.append(list(e))
+    # the static state (weights, optimizer state) and the gradients: each storage in raw bytes
+    for k in ("static_parts", "grad_parts"):
+        nums.extend(extra[k])
+        roles.extend(["part"] * len(extra[k]))
+    for k in _META_NUMS:
+        nums.append(getattr(g.meta, k))
+        roles.append("meta")
+    meta = {k: v for k, v in g.meta.__dict__.items() if k not in _META_NUMS and k != "model"}
+    meta["extra"] = {k: v for k, v in extra.items() if k not in _EXTRA_BUILD}
+    return {"ops": ops, "params": params, "meta": meta, "events": skel_events,
+            "mem_templates": extra["mem_templates"], "static_parts": len(extra["static_parts"]),
+            "static_more": extra["static_more"], "grad_parts": len(extra["grad_parts"])}, nums, roles
+
+
+def replay_memory(events: list[list[Any]], parts: list[int], transients: list[int], static: int, grad_bytes: int,
+                  n_layers: int, templates: dict[int, float]) -> MemoryProfile:
+    """The memory profile of a recording from its events, each allocation rounded as the caching allocator
+    rounds it (the same bookkeeping as engine/trace/capture._Capture)."""
+    live = peak = 0
+    sizes: dict[int, int] = {}
+    marks: dict[str, int] = {}
+    wpk: dict[str, int] = {}
+    windows: set[str] = set()
+    ia = it = 0
+    for e in events:
+        kind = e[0]
+        if kind == "a":
+            n = round_alloc(parts[ia])
+            sizes[ia] = n
+            ia += 1
+            live += n
+            peak = max(peak, live)
+            for w in windows:
+                wpk[w] = max(wpk.get(w, 0), live)
+        elif kind == "f":
+            live -= sizes.pop(e[1], 0)
+        elif kind == "t":
+            top = live + transients[it]
+            it += 1
+            peak = max(peak, top)
+            for w in windows:
+                wpk[w] = max(wpk.get(w, 0), top)
+        elif kind == "m":
+            marks[e[1]] = live
+        elif kind == "mo":
+            marks[e[1]] = live - sum(sizes.get(j, 0) for j in range(ia - int(e[2]), ia))
+        elif kind == "o":
+            windows.add(e[1])
+            wpk[e[1]] = live
+        elif kind == "c":
+            windows.discard(e[1])
+    return memory_profile_from(marks, wpk, peak, static, grad_bytes, n_layers, templates)
+
+
+def graph_from_numbers(skel: dict[str, Any], vals: list[int | float], model: dict[str, Any], key: str,
+                       traces: int) -> Graph:
+    sections, phases = {s.value: s for s in Section}, {p.value: p for p in Phase}
+    i = 0
+    ops = []
+    parts: list[int] = []
+    for op, chunks, ph, sec, layer, n_parts in skel["ops"]:
+        n = len(chunks) - 1
+        sig = _render(chunks, vals[i:i + n])
+        i += n
+        pa = [int(v) for v in vals[i:i + n_parts]]
+        parts.extend(pa)
+        i += n_parts
+        ops.append(OpRecord(op, sig, phases[ph], sections[sec], layer, sum(round_alloc(v) for v in pa)))
+    params = []
+    for name, rank, dtype, sec, layer in skel["params"]:
+        params.append(ParamRecord(name, tuple(int(v) for v in vals[i:i + rank]), dtype, sections[sec], layer))
+        i += rank
+    n_tr = sum(1 for e in skel["events"] if e[0] == "t")
+    transients = [int(v) for v in vals[i:i + n_tr]]
+    i += n_tr
+    static = sum(round_alloc(int(v)) for v in vals[i:i + skel["static_parts"]]) + int(skel["static_more"])
+    i += skel["static_parts"]
+    grad_bytes = sum(round_alloc(int(v)) for v in vals[i:i + skel["grad_parts"]])
+    i += skel["grad_parts"]
+    meta_nums: dict[str, Any] = {k: int(vals[i + j]) for j, k in enumerate(_META_NUMS)}
+    mem = replay_memory(skel["events"], parts, transients, static, grad_bytes, meta_nums["traced_layers"],
+                        {int(k): float(v) for k, v in skel["mem_templates"]})
+    m = dict(skel["meta"])
+    m["extra"] = {**m["extra"], "template": key, "template_traces": traces}
+    meta = GraphMeta(**m, **meta_nums, model=model)
+    return Graph(meta, tuple(ops), tuple(params), mem)
+
+
+# -- where templates live ----------------------------------------------------------------------------------------
+
+def shipped_dir() -> Path:
+    """Templates built with the project (data/templates, in the wheel as tp_query/data/templates)."""
+    return Path(__file__).resolve().parent.parent / "data" / "templates"
+
+
+def user_dir() -> Path:
+    return Path(os.environ.get("TP_QUERY_CACHE", Path.home() / ".cache" / "tp-query")) / "templates"
+
+
+_LOADED: dict[str, GraphTemplate | None] = {}
+
+
+def find(key: str) -> GraphTemplate | None:
+    """The template of a structural type: shipped first, then the user's cache; None when neither holds it
+    (a file that does not load is ignored: the caller traces)."""
+    if key in _LOADED:
+        return _LOADED[key]
+    t = None
+    for d in (shipped_dir(), user_dir()):
+        p = d / f"{key}.json.gz"
+        if p.exists():
+            try:
+                t = GraphTemplate.load(p)
+                if t.key != key:
+                    t = None
+            except (OSError, ValueError, KeyError, TypeError, EOFError):
+                t = None
+            if t is not None:
+                break
+    _LOADED[key] = t
+    return t
+

@@ -1,0 +1,137 @@
+"""Graph templates: one structural type's graph with every number a function of the dimensions, fitted from real
+traces, must equal a real trace at dimensions it was not fitted on (operators, parameters, allocations and the
+memory profile), answer only inside its box and class, and be what a prediction uses without tracing."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tp_query.engine import template
+from tp_query.engine.graph import Graph
+from tp_query.engine.graphcache import TRACE_VERSION, graph_for, trace_fields
+from tp_query.engine.parallel import ParallelConfig
+from tp_query.engine.request import PredictRequest
+from tp_query.engine.trace.capture import TraceRequest, trace_config
+from tp_query.engine.trace.template_build import build_template
+from tp_query.schema.model_config import ModelSpec, parse_config
+from tp_query.schema.precision import Setting
+
+from .conftest import TINY_LLAMA
+
+SETTING = Setting.AMP_BF16
+
+
+def _trace(spec: ModelSpec, d: dict[str, int], sp: bool = False) -> Graph:
+    return trace_config(TraceRequest(spec, SETTING, d["mb"], d["seq"], d["tp"], sp and d["tp"] > 1, False, "adamw"))
+
+
+def _fields(sp: bool = False) -> dict[str, object]:
+    return {"setting": SETTING.value, "sp": sp, "rc": False, "opt": "adamw", "fw": "torch"}
+
+
+@pytest.fixture(scope="module")
+def spec() -> ModelSpec:
+    return parse_config(TINY_LLAMA, "tiny")
+
+
+@pytest.fixture(scope="module")
+def tpl_mb1(spec: ModelSpec) -> template.GraphTemplate:
+    return build_template(spec, _fields(), ("mb",), TRACE_VERSION, _trace)
+
+
+def _same(a: Graph, b: Graph) -> None:
+    assert [(o.op, o.sig, o.phase, o.section, o.layer, o.alloc_bytes) for o in a.ops] == \
+        [(o.op, o.sig, o.phase, o.section, o.layer, o.alloc_bytes) for o in b.ops]
+    assert a.params == b.params
+    assert a.memory == b.memory
+    assert (a.meta.micro_batch, a.meta.seq_len, a.meta.tp, a.meta.traced_layers) == \
+        (b.meta.micro_batch, b.meta.seq_len, b.meta.tp, b.meta.traced_layers)
+
+
+# dimensions none of the build's traces had, vocabularies whose bytes are no multiple of the allocator's block
+@pytest.mark.parametrize("heads,kv,hd,ffn,vocab,hidden,seq,tp", [
+    (32, 8, 128, 14336, 128256, 4096, 4096, 4),
+    (12, 4, 64, 3000, 32002, 768, 1000, 2),
+    (48, 16, 96, 20480, 50258, 6144, 8192, 2),
+    (16, 8, 128, 11008, 32000, 2048, 2048, 4),
+])
+def test_template_equals_real_traces(spec: ModelSpec, tpl_mb1: template.GraphTemplate, heads: int, kv: int, hd: int,
+                                     ffn: int, vocab: int, hidden: int, seq: int, tp: int) -> None:
+    s = dataclasses.replace(spec, num_heads=heads, num_kv_heads=kv, head_dim=hd, intermediate_size=ffn,
+                            vocab_size=vocab, hidden_size=hidden)
+    d = template.dims_of(s, 1, seq, tp)
+    assert d is not None and template.ones_of(d) == ("mb",)
+    g = tpl_mb1.instantiate(d, s.to_dict())
+    assert g is not None
+    _same(g, _trace(s, d))
+
+
+def test_template_answers_only_in_its_class_and_box(spec: ModelSpec, tpl_mb1: template.GraphTemplate) -> None:
+    d = template.dims_of(spec, 1, 1024, 1)
+    assert d is not None
+    d = {**d, "tp": 2}
+    assert d is not None and tpl_mb1.instantiate(d, spec.to_dict()) is not None
+    # micro-batch 2 is another class (size-1 dimensions change strides, so operators)
+    assert tpl_mb1.instantiate({**d, "mb": 2}, spec.to_dict()) is None
+    assert tpl_mb1.instantiate({**d, "kl": 1}, spec.to_dict()) is None
+    # a sequence beyond every trace of the build
+    assert tpl_mb1.instantiate({**d, "seq": tpl_mb1.box["seq"][1] * 2}, spec.to_dict()) is None
+
+
+def test_size_one_dimensions_are_their_own_class(spec: ModelSpec) -> None:
+    a = _trace(spec, {**template.dims_of(spec, 1, 512, 2)})  # type: ignore[dict-item]
+    b = _trace(spec, {**template.dims_of(spec, 2, 512, 2)})  # type: ignore[dict-item]
+    assert len(a.ops) != len(b.ops)  # why "mb" is part of the structural key
+
+
+def test_structure_change_refuses_the_template(spec: ModelSpec) -> None:
+    def flaky(s: ModelSpec, d: dict[str, int]) -> Graph:
+        g = _trace(s, d)
+        if d["seq"] > 2048:  # some build point dispatches one operator more
+            g = dataclasses.replace(g, ops=g.ops + g.ops[-1:])
+            g.meta.extra["alloc_parts"].append([])
+        return g
+
+    with pytest.raises(template.TemplateError, match="change with the dimensions"):
+        build_template(spec, _fields(), ("mb",), TRACE_VERSION, flaky)
+
+
+def test_numbers_are_found_outside_strings_only() -> None:
+    text = '{"a":[{"T":[1,4096],"d":"i64","o":-3},2.5e-05,"x1"],"k":{"scale":0.125}}'
+    chunks, nums = template.split_numbers(text)
+    assert nums == [1, 4096, -3, 2.5e-05, 0.125]
+    assert template._render(chunks, nums) == text
+
+
+def test_prediction_from_the_template_equals_the_traced_one(spec: ModelSpec, tpl_mb1: template.GraphTemplate,
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            cpu_db: Path) -> None:
+    from tp_query.engine.predict import Engine
+
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(template, "_LOADED", {})
+    model = {**TINY_LLAMA, "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 4}  # 2 KV heads a rank
+    spec = parse_config(model, "tiny")
+    req = PredictRequest(model=model, model_name="tiny", gpu="cpu", setting=SETTING,
+                         parallel=ParallelConfig(dp=2, tp=2, micro_batch=1), seq_len=1024)
+    traced = Engine("cpu", str(cpu_db)).predict(req)
+    assert not (graph_for(req).meta.extra or {}).get("template")
+    key = template.structure_key(spec, trace_fields(req), ("mb",), TRACE_VERSION)
+    assert key == tpl_mb1.key
+    tpl_mb1.save(template.user_dir() / f"{key}.json.gz")
+    monkeypatch.setattr(template, "_LOADED", {})
+    g = graph_for(req)
+    assert g.meta.extra["template"] == key
+    p = Engine("cpu", str(cpu_db)).predict(req)
+    assert p.iteration_ms == pytest.approx(traced.iteration_ms, rel=1e-9)
+    assert p.peak_memory_gib == pytest.approx(traced.peak_memory_gib, rel=1e-9)
+    assert "template" in p.config["model_graph"]["graph"]
+    # a damaged template file is not used: the request is traced again
+    (template.user_dir() / f"{key}.json.gz").write_bytes(b"\x1f\x8bnot a template")
+    monkeypatch.setattr(template, "_LOADED", {})
+    assert not (graph_for(req).meta.extra or {}).get("template")
