@@ -76,6 +76,7 @@ class Interference:
 FIRST_MACHINE = "first"  # host rows written before instances were told apart (one instance's)
 TYPICAL_HOST = "typical"  # not an instance: each host cost is the median over the measured instances
 FSDP_COPY_KIND = "fsdp_copy"  # collector.dist_probe.copies_campaign
+FSDP_KINDS = ("fsdp_z2", "fsdp_z3")  # the probe's FSDP2 kinds (reshard_after_forward False, True)
 
 
 @dataclass
@@ -115,6 +116,11 @@ class FrameworkData:
         assert self._index is not None
         return [r for (fw, k, st, ph, q), rows in self._index.items() if fw == framework and st == setting
                 and kind(k) and (phase is None or ph == phase) and (quantity is None or q == quantity) for r in rows]
+
+    def settings_of(self, framework: str, kind: str) -> list[str]:
+        """The settings a framework's kind has host rows for."""
+        assert self._index is not None
+        return sorted({st for (fw, k, st, _, _) in self._index if fw == framework and k == kind})
 
     def machines(self) -> list[str]:
         """The instances with host rows."""
@@ -231,7 +237,14 @@ class FrameworkData:
         return self._extras[key]
 
     def _host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
-        rows = self._host_rows(self._indexed(framework, lambda k: k == kind, setting))
+        if kind in FSDP_KINDS:
+            # FSDP2's hooks (all-gather and reduce-scatter issue, copy-in/out, reshard) do the same host work in
+            # any dtype: every measured setting's rows answer for each setting (median over them), not one
+            # setting's single fit
+            rows = self._host_rows([r for st in self.settings_of(framework, kind)
+                                    for r in self._indexed(framework, lambda k: k == kind, st)])
+        else:
+            rows = self._host_rows(self._indexed(framework, lambda k: k == kind, setting))
         if not rows:
             return HostExtra.none()
         have = sorted({int(r["ranks"]) for r in rows})

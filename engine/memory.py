@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tp_query.schema.gpus import GpuSpec
-from tp_query.schema.precision import SETTINGS, Setting
+from tp_query.schema.precision import SETTINGS, Setting, SettingSpec
 from tp_query.schema.signature import TensorSpec
 
 from .compose import StageWork
@@ -56,14 +56,15 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     if par.zero >= 1:  # routed experts' state shards over their own replicas (DP / EP), the rest over DP
         expert = stage.expert_numel if par.ep > 1 else 0
         o = int(o * ((stage.param_numel - expert) / par.dp + expert / par.expert_dp) / max(stage.param_numel, 1))
+    g_full = g
     if par.zero >= 2:
         g //= par.dp
     if par.zero >= 3 or torch_fsdp:  # FSDP2 shards the parameters at rest for either reshard setting
         w //= par.dp
-    unsharded = 0
+    unsharded = root_full = 0
+    per_layer: dict[int, int] = {}
     if torch_fsdp:  # gathered units in compute precision: the root all step, one or all layers in flight
         itemsize = st.param_dtype.itemsize
-        per_layer: dict[int, int] = {}
         for p in stage.params:
             if p.section == Section.LAYER:
                 per_layer[p.layer] = per_layer.get(p.layer, 0) + p.numel
@@ -111,6 +112,7 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
         start_bwd = w + o + unsharded + max(acts + transient_bwd, g + acts - one_mb + transient_bwd)
     else:
         start_bwd = w + o + grads_live + acts + unsharded + transient_bwd
+    in_bwd = _fsdp_in_backward(stage, par, st, mp, w + o + root_full, g, g_full, per_layer, m) if torch_fsdp else 0
     share = stage.param_numel / traced_numel
     opt_transient = int(mp.opt_peak_bytes * share / (par.dp if par.zero >= 1 else 1))
     # DDP allocates its buckets when it wraps the model; gradient_as_bucket_view makes .grad views into them
@@ -118,10 +120,38 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     at_opt = w + o + (0 if ddp_buckets and par.ddp_bucket_view else g) + opt_transient + kept_pred
     at_merge = w + o + g + merged if merged else 0
     buffers = WORKSPACE_BYTES + ddp_buckets + _megatron_attention_buffer(graph, par)
-    peak = max(start_bwd, at_opt, at_merge) + buffers
+    peak = max(start_bwd, at_opt, at_merge, in_bwd) + buffers
     capacity = int((gpu.memory_bytes - gpu.context_bytes) * (1 - FRAGMENTATION))
     transient = max(head, mp.layer_bwd_transient_bytes, opt_transient)
     return MemoryBreakdown(w, g, o, acts + unsharded, transient, buffers, int(peak), capacity, peak <= capacity)
+
+
+def _fsdp_in_backward(stage: StageWork, par: ParallelConfig, st: SettingSpec, mp: MemoryProfile, fixed: int, g: int,
+                      g_full: int, per_layer: dict[int, int], m: int) -> int:
+    """FSDP2's peak inside layer backward, the largest over the layers: the sharded state and the unsharded root
+    (`fixed`), the LM head's unsharded gradient (the root reduces last), the current layer unsharded and the
+    next one prefetched (ZeRO-3; ZeRO-2 keeps every layer since forward), the reduce-scatter input of the layer
+    just done (in the reduce dtype: fp32 under a half-precision policy with fp32 reduction), the sharded
+    gradients of the layers already reduced (all of them from earlier micro-batches), the activations still
+    kept and the layer's backward transient. From FSDP2's default backward prefetch and one reduce-scatter
+    buffer in flight; a dense-first MoE's unit sizes differ along the depth, so every layer is a candidate."""
+    order = sorted(per_layer)
+    if not order:
+        return 0
+    units = [per_layer[k] for k in order]
+    param_item = st.param_dtype.itemsize
+    grad_item = g_full / max(stage.param_numel, 1)
+    rs_item = 4.0 if st.master_weights else grad_item
+    head_grad = int(sum(p.numel for p in stage.params if p.section == Section.HEAD) * grad_item)
+    embed_act = mp.embed_act_bytes if stage.first else 0
+    out = 0
+    for k, u in enumerate(units):
+        held = sum(units[:k + 1]) if par.zero == 2 else u + (units[k - 1] if k else 0)
+        rs_in = int(units[k + 1] * rs_item) if k + 1 < len(units) else 0
+        grads = g if m > 1 else int(sum(units[k + 1:]) * grad_item / par.dp)
+        out = max(out, fixed + head_grad + held * param_item + rs_in + grads + embed_act
+                  + (k + 1) * mp.layer_act_bytes + mp.layer_bwd_transient_bytes)
+    return out
 
 
 def _megatron_attention_buffer(graph: Graph, par: ParallelConfig) -> int:

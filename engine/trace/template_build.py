@@ -46,7 +46,11 @@ def build_points(ones: tuple[str, ...]) -> list[dict[str, int]]:
         v = base[k]
         for x in ((v // 2, v * 2) if v // 2 > 1 and v % 2 == 0 else (v * 2, v * 4)):
             pts.append({**base, k: x})
-    pts.extend({k: (1 if k in ones else v) for k, v in c.items()} for c in CHECKS)
+    for c in CHECKS:
+        p = {k: (1 if k in ones else v) for k, v in c.items()}
+        if p["kl"] == 1:
+            p["g"] = max(p["g"], 2)  # one query head per rank would be one more size-1 dimension
+        pts.append(p)
     return pts
 
 
