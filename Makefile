@@ -10,7 +10,7 @@ TORCH_PIN := torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test check lint typecheck collect collect-comm validate validate-dist report bench clean
+.PHONY: install demo test check lint typecheck collect collect-comm validate validate-dist report bench clean templates
 
 # A virtual environment with a CPU-only torch pinned first (a bare `torch` would pull a CUDA build).
 $(STAMP): pyproject.toml
@@ -28,6 +28,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+# Graph templates of a model's structural types into data/templates (resumable: builds only what is missing).
+TEMPLATE_MODEL ?= examples/llama3.1-8b.json
+TEMPLATE_PRECISIONS ?= amp_bf16,bf16,tf32,fp32,amp_fp16,fp16
+templates: $(STAMP)
+	$(BIN)/python -m tp_query.engine.trace.template_build $(TEMPLATE_MODEL) --precisions $(TEMPLATE_PRECISIONS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check schema collector engine tests
