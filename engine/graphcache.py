@@ -201,7 +201,7 @@ def graph_for(req: PredictRequest) -> Graph:
         except Exception:
             path.unlink(missing_ok=True)
     try:
-        from .trace.capture import TraceError, TraceRequest, trace_config
+        from .trace.capture import TraceRequest, trace_config
     except ImportError:
         raise PredictError("tracing a config needs torch (pip install 'tp-query[trace]'), or pass a graph "
                            "file from `tp-query trace`") from None
@@ -209,8 +209,8 @@ def graph_for(req: PredictRequest) -> Graph:
         g = trace_config(TraceRequest(spec, req.setting, par.micro_batch, req.seq_len, par.tp,
                                       par.sequence_parallel, par.recompute, req.optimizer, framework=par.framework,
                                       ep=par.ep, moe_imbalance=req.moe_imbalance))
-    except TraceError as e:
-        raise PredictError(str(e)) from None
+    except ValueError as e:  # TraceError, or a module hook's one-line refusal of a layout it does not model
+        raise PredictError(first_line(e)) from None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         g.save(path)

@@ -45,7 +45,16 @@ from .hostsim import CalibrationError, HostModel, simulate
 from .lookup import LatencyModel, Query, Source
 from .memory import logits_spec, stage_memory
 from .parallel import ParallelConfig, PlanError
-from .request import MAX_SEQ, MAX_TOKENS, OPTIMIZERS, OpRow, PredictError, Prediction, PredictRequest
+from .request import (
+    MAX_SEQ,
+    MAX_TOKENS,
+    OPTIMIZERS,
+    OpRow,
+    PredictError,
+    Prediction,
+    PredictRequest,
+    setting_refusal,
+)
 from .segments import SOURCES, Segment, SegmentCache
 
 __all__ = ["TRACE_VERSION", "Engine", "OpRow", "PredictError", "PredictRequest", "Prediction", "cache_dir",
@@ -174,6 +183,9 @@ class Engine:
             raise PredictError(f"unknown optimizer {req.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         if isinstance(req.seq_len, bool) or not isinstance(req.seq_len, int) or not 0 < req.seq_len <= MAX_SEQ:
             raise PredictError(f"sequence length must be an integer in 1..{MAX_SEQ}, got {req.seq_len!r}")
+        why = setting_refusal(req.setting, par)
+        if why:
+            raise PredictError(why)
         if req.seq_len * par.micro_batch > MAX_TOKENS:
             raise PredictError(f"micro-batch x sequence = {req.seq_len * par.micro_batch} tokens is beyond any real "
                                f"micro-batch (at most {MAX_TOKENS})")

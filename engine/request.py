@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tp_query.schema.precision import Setting
+from tp_query.schema.precision import SETTINGS, Setting
 
 from .parallel import ParallelConfig
 
@@ -34,6 +34,16 @@ class PredictRequest:
     db_root: str | None = None
     moe_imbalance: float = 1.0  # MoE routing: the busiest expert's rows over the mean (1: balanced)
     torch_version: str | None = None  # whose operator rows answer (default: the database's primary stack)
+
+
+def setting_refusal(setting: Setting, par: ParallelConfig) -> str:
+    """Why a precision setting is not modelled under this split ("" when it is): torchao's float8 training is
+    traced on plain Linear layers, and its tensor-parallel styles (Float8ColwiseParallel, float8 all-gathers under
+    sequence parallelism) change both the kernels and the collectives, which nothing here has measured."""
+    if SETTINGS[setting].fp8_recipe and par.tp > 1:
+        return (f"{setting.value} is modelled at TP=1 (torchao float8 on plain Linear layers): its tensor-parallel "
+                "styles are not modelled; use --tp 1 with DP/FSDP2 or PP, or a bf16 setting")
+    return ""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from tp_query.schema.precision import Setting
 
 from .parallel import ParallelConfig
 from .predict import Engine, PredictError, Prediction, PredictRequest
+from .request import setting_refusal
 
 
 class SearchError(ValueError):
@@ -97,7 +98,7 @@ def invalid_reason(spec: ModelSpec, cand: Candidate, space: SearchSpace) -> str:
     c = cand.parallel
     if c.tp > space.max_tp:
         return f"TP={c.tp} exceeds one host ({space.max_tp} GPUs)"
-    why = spec.split_refusal(c.tp, c.sequence_parallel)
+    why = spec.split_refusal(c.tp, c.sequence_parallel) or setting_refusal(cand.precision, c)
     if why:
         return why
     if c.pp > spec.num_layers:
@@ -174,6 +175,10 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
     for i, (c, req) in enumerate(zip(valid, reqs, strict=True)):
         try:
             engine.graph(req)  # trace (once per graph key) outside the timed evaluation
+        except PredictError as e:
+            rejected.append(Outcome(c, None, None, None, False, str(e)))
+            continue
+        try:
             te = time.perf_counter()
             p: Prediction = engine.predict(req)
             eval_time += time.perf_counter() - te

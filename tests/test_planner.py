@@ -71,6 +71,21 @@ def test_search_traces_its_graphs_in_worker_processes(cpu_db: Path, tmp_path: Pa
         search(Engine("cpu", str(cpu_db)), TINY_LLAMA, space, jobs=-1)
 
 
+def test_fp8_under_tensor_parallelism_is_refused_not_guessed(cpu_db: Path, tiny_llama_file: Path) -> None:
+    """torchao's float8 TP styles are not modelled: predict refuses in one line (with or without SP) and a search
+    over fp8 rejects its TP candidates with that reason instead of crashing in the trace."""
+    eng = Engine("cpu", str(cpu_db))
+    res = search(eng, TINY_LLAMA, SearchSpace(2, 2, 64, precisions=(Setting.FP8_TENSORWISE,), micro_batches=(1,),
+                                              zero_stages=(0,), recompute=(False,), sequence_parallel=(False, True)))
+    tp = [o for o in res.rejected if o.candidate.parallel.tp > 1]
+    assert len(tp) == 2 and all("modelled at TP=1" in o.reason for o in tp)
+    assert all(o.candidate.parallel.tp == 1 for o in res.ranked + res.rejected if o not in tp)
+    for sp in ((), ("--sequence-parallel",)):
+        r = run_cli("predict", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db), "--tp", "2",
+                    "--precision", "fp8_tensorwise", *sp)
+        assert r.returncode == 2 and "modelled at TP=1" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_search_bad_input(cpu_db: Path) -> None:
     eng = Engine("cpu", str(cpu_db))
     with pytest.raises(SearchError, match="empty"):
