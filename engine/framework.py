@@ -518,42 +518,56 @@ def schedule_actions(rank: int, pp: int, m: int, schedule: PipeSchedule) -> list
     return acts
 
 
-def pipeline_time(fwd_us: list[float], bwd_us: list[float], pp: int, m: int, schedule: PipeSchedule,
-                  p2p_us: float) -> float:
-    """One step's forward and backward over m micro-batches: an event simulation of the schedule's actions
-    on every rank, with a point-to-point transfer between consecutive stages. fwd_us/bwd_us are per stage
-    (pp of them; pp x chunks under interleaving, stage s on rank s % pp)."""
-    n_stages = len(fwd_us)
-    if pp <= 1:
-        return m * (fwd_us[0] + bwd_us[0])
+@functools.lru_cache(maxsize=512)
+def _schedule_order(pp: int, m: int, schedule: PipeSchedule, n_stages: int
+                    ) -> tuple[tuple[int, int, int, bool], ...]:
+    """The order in which the event simulation completes every rank's actions: (rank, cost index into
+    fwd + bwd, index of the action it waits on or -1, whether a point-to-point transfer precedes it). Which
+    action can run next depends only on which have run, never on their costs, so one order serves every
+    cost vector of a (pp, m, schedule) (a search evaluates thousands)."""
     acts = [schedule_actions(r, pp, m, schedule) for r in range(pp)]
-    done: dict[tuple[str, int, int], float] = {}
-    clock = [0.0] * pp
+    done: dict[tuple[str, int, int], int] = {}
     pos = [0] * pp
     left = sum(len(a) for a in acts)
+    out: list[tuple[int, int, int, bool]] = []
     while left:
         progressed = False
         for r in range(pp):
             while pos[r] < len(acts[r]):
                 kind, s, i = acts[r][pos[r]]
                 if kind == "F":
-                    dep = done.get(("F", s - 1, i)) if s > 0 else 0.0
-                    extra = p2p_us if s > 0 else 0.0
-                    cost = fwd_us[s]
+                    dep = done.get(("F", s - 1, i)) if s > 0 else -1
+                    p2p, cost = s > 0, s
                 else:
                     dep = done.get(("B", s + 1, i)) if s < n_stages - 1 else done.get(("F", s, i))
-                    extra = p2p_us if s < n_stages - 1 else 0.0
-                    cost = bwd_us[s]
+                    p2p, cost = s < n_stages - 1, n_stages + s
                 if dep is None:
                     break
-                start = max(clock[r], dep + extra)
-                clock[r] = start + cost
-                done[(kind, s, i)] = clock[r]
+                done[(kind, s, i)] = len(out)
+                out.append((r, cost, dep, p2p))
                 pos[r] += 1
                 left -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError("pipeline schedule deadlock")
+    return tuple(out)
+
+
+def pipeline_time(fwd_us: list[float], bwd_us: list[float], pp: int, m: int, schedule: PipeSchedule,
+                  p2p_us: float) -> float:
+    """One step's forward and backward over m micro-batches: an event simulation of the schedule's actions
+    on every rank, with a point-to-point transfer between consecutive stages. fwd_us/bwd_us are per stage
+    (pp of them; pp x chunks under interleaving, stage s on rank s % pp). An action starts when its rank is
+    free and its input has arrived; the order comes from `_schedule_order`."""
+    if pp <= 1:
+        return m * (fwd_us[0] + bwd_us[0])
+    costs = [*fwd_us, *bwd_us]
+    clock = [0.0] * pp
+    end: list[float] = []
+    for r, c, dep, p2p in _schedule_order(pp, m, schedule, len(fwd_us)):
+        ready = (end[dep] if dep >= 0 else 0.0) + (p2p_us if p2p else 0.0)
+        t = clock[r] = (clock[r] if clock[r] > ready else ready) + costs[c]
+        end.append(t)
     return max(clock)
 
 

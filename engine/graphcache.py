@@ -10,13 +10,16 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
 
 from .graph import Graph, is_graph_json
 from .request import PredictError, PredictRequest
+
+if TYPE_CHECKING:
+    from .template import GraphTemplate
 
 TRACE_VERSION = 17
 
@@ -99,8 +102,8 @@ def _cached_key(req: PredictRequest) -> str | None:
         key = _graph_cache_key(spec, req)
     except ConfigError:
         return None
-    if _cache_path(key).exists() or _from_template(spec, req) is not None:
-        return None
+    if _cache_path(key).exists() or _template_of(spec, req) is not None:
+        return None  # (a template that will not instantiate leaves the graph to the caller's own trace)
     return key
 
 
@@ -118,7 +121,10 @@ def trace_missing(reqs: list[PredictRequest], jobs: int, progress: Callable[[int
     independent traces of about 0.6 s each); the number traced. With one job or one graph, nothing is done
     here: the caller traces as it goes."""
     todo: dict[str, PredictRequest] = {}
+    distinct: dict[tuple[int, str], PredictRequest] = {}  # one request per graph: a search asks for each many times
     for r in reqs:
+        distinct.setdefault((id(r.model), json.dumps(trace_fields(r), sort_keys=True)), r)
+    for r in distinct.values():
         key = _cached_key(r)
         if key is not None:
             todo.setdefault(key, r)
@@ -142,9 +148,9 @@ def trace_missing(reqs: list[PredictRequest], jobs: int, progress: Callable[[int
     return done
 
 
-def _from_template(spec: ModelSpec, req: PredictRequest) -> Graph | None:
-    """The graph from its structural type's template (shipped or built), without torch; None when there is no
-    template for it or the request lies outside the box its traces spanned."""
+def _template_of(spec: ModelSpec, req: PredictRequest) -> tuple[GraphTemplate, dict[str, int]] | None:
+    """The structural type's template (shipped or built) whose box holds the request, and the request's
+    dimensions; None when there is none (the graph is traced)."""
     from . import template
 
     par = req.parallel
@@ -154,7 +160,14 @@ def _from_template(spec: ModelSpec, req: PredictRequest) -> Graph | None:
     if dims is None:
         return None
     t = template.find(template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION))
-    return None if t is None else t.instantiate(dims, spec.to_dict())
+    return None if t is None or not t.covers(dims) else (t, dims)
+
+
+def _from_template(spec: ModelSpec, req: PredictRequest) -> Graph | None:
+    """The graph from its template, without torch; None when there is no template for it, the request lies
+    outside the box its traces spanned, or an integer of the graph would not be one there."""
+    found = _template_of(spec, req)
+    return None if found is None else found[0].instantiate(found[1], spec.to_dict())
 
 
 def graph_for(req: PredictRequest) -> Graph:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, replace
@@ -143,9 +144,10 @@ def split_numbers(text: str) -> tuple[list[str], list[int | float]]:
 
 
 def _render(chunks: list[str], vals: list[int | float]) -> str:
+    """The text with its numbers written as json.dumps writes them (str of an int, repr of a finite float)."""
     out = [chunks[0]]
     for v, c in zip(vals, chunks[1:], strict=True):
-        out.append(json.dumps(v))
+        out.append(str(v) if type(v) is int or math.isfinite(v) else json.dumps(v))
         out.append(c)
     return "".join(out)
 
@@ -191,9 +193,10 @@ class GraphTemplate:
     def from_json(obj: dict[str, Any]) -> GraphTemplate:
         if obj.get("format") != TEMPLATE_FORMAT:
             raise ValueError(f"not a {TEMPLATE_FORMAT} file")
+        exps: dict[tuple[int, ...], tuple[int, ...]] = {}
         return GraphTemplate(key=obj["key"], ones=tuple(obj["ones"]),
                              box={k: (int(a), int(b)) for k, (a, b) in obj["box"].items()},
-                             skeleton=obj["skeleton"], forms=tuple(_form_load(f) for f in obj["forms"]),
+                             skeleton=obj["skeleton"], forms=tuple(_form_load(f, exps) for f in obj["forms"]),
                              traces=int(obj["traces"]), torch_version=obj["torch_version"])
 
     def save(self, path: Path) -> None:
@@ -215,11 +218,21 @@ def _form_json(f: Form) -> list[Any]:
     return list(f)
 
 
-def _form_load(f: list[Any]) -> Form:
+def _coef(text: str) -> int | Fraction:
+    """A stored coefficient: almost all are integers ("4096"); a ratio ("1/2") where the fit needed one."""
+    try:
+        return int(text)
+    except ValueError:
+        return exact_int(Fraction(text))
+
+
+def _form_load(f: list[Any], exps: dict[tuple[int, ...], tuple[int, ...]]) -> Form:
+    """`exps`: one tuple per distinct exponent vector (a template repeats a few dozen over its slots)."""
     if f[0] == "m":
-        return (f[0], exact_int(Fraction(f[1])), exact_int(Fraction(f[2])), tuple(int(e) for e in f[3]))
+        e = tuple(f[3])
+        return (f[0], _coef(f[1]), _coef(f[2]), exps.setdefault(e, e))
     if f[0] == "l":
-        return (f[0], tuple((exact_int(Fraction(c)), tuple(int(x) for x in e)) for c, e in f[1]))
+        return (f[0], tuple((_coef(c), exps.setdefault(tuple(x), tuple(x))) for c, x in f[1]))
     return tuple(f)
 
 

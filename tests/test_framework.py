@@ -3,6 +3,7 @@ communication, pipeline schedules as torch orders them, and the framework data r
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from tp_query.engine.framework import (
     FrameworkData,
@@ -103,6 +104,54 @@ def test_one_f_one_b_matches_the_textbook_formula_when_balanced(pp: int, m: int)
     assert t == pytest.approx((m + pp - 1) * 3.0)
     g = pipeline_time([1.0] * pp, [2.0] * pp, pp, m, PipeSchedule.GPIPE, 0.0)
     assert g == pytest.approx((m + pp - 1) * 3.0)
+
+
+def _simulated(fwd: list[float], bwd: list[float], pp: int, m: int, schedule: PipeSchedule, p2p: float) -> float:
+    """The schedule as a plain event simulation: each rank runs its actions in order, each as soon as the rank
+    is free and its input has arrived (the reference the engine's precompiled order must equal)."""
+    acts = [schedule_actions(r, pp, m, schedule) for r in range(pp)]
+    done: dict[tuple[str, int, int], float] = {}
+    clock, pos = [0.0] * pp, [0] * pp
+    while any(pos[r] < len(acts[r]) for r in range(pp)):
+        before = sum(pos)
+        for r in range(pp):
+            while pos[r] < len(acts[r]):
+                kind, s, i = acts[r][pos[r]]
+                last = s == len(fwd) - 1
+                dep = (done.get(("F", s - 1, i)) if s else 0.0) if kind == "F" else \
+                    (done.get(("F", s, i)) if last else done.get(("B", s + 1, i)))
+                if dep is None:
+                    break
+                hop = p2p if (kind == "F" and s) or (kind == "B" and not last) else 0.0
+                clock[r] = max(clock[r], dep + hop) + (fwd[s] if kind == "F" else bwd[s])
+                done[(kind, s, i)] = clock[r]
+                pos[r] += 1
+        if sum(pos) == before:
+            raise RuntimeError("deadlock")
+    return max(clock)
+
+
+def _completes(pp: int, m: int, schedule: PipeSchedule, n: int) -> bool:
+    try:
+        _simulated([1.0] * n, [1.0] * n, pp, m, schedule, 0.0)
+        return True
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.parametrize("schedule", list(PipeSchedule))
+@pytest.mark.parametrize("pp, m", [(2, 1), (2, 7), (3, 5), (4, 8), (4, 16), (8, 3)])
+def test_pipeline_time_equals_the_event_simulation(schedule: PipeSchedule, pp: int, m: int) -> None:
+    rng = np.random.default_rng(pp * 100 + m)
+    n = pp * (2 if schedule == PipeSchedule.INTERLEAVED else 1)
+    for _ in range(3):
+        fwd, bwd = list(rng.uniform(1, 100, n)), list(rng.uniform(1, 200, n))
+        p2p = float(rng.uniform(0, 30))
+        if not _completes(pp, m, schedule, n):  # interleaving with m not in rounds of pp can wait forever
+            with pytest.raises(RuntimeError, match="deadlock"):
+                pipeline_time(fwd, bwd, pp, m, schedule, p2p)
+            continue
+        assert pipeline_time(fwd, bwd, pp, m, schedule, p2p) == _simulated(fwd, bwd, pp, m, schedule, p2p)
 
 
 def test_interleaving_shrinks_the_bubble_of_balanced_stages() -> None:
