@@ -10,7 +10,7 @@ TORCH_PIN := torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test check lint typecheck collect collect-comm validate validate-dist report bench clean templates
+.PHONY: install demo test check lint typecheck collect collect-comm validate validate-dist report bench clean templates snapshot
 
 # A virtual environment with a CPU-only torch pinned first (a bare `torch` would pull a CUDA build).
 $(STAMP): pyproject.toml
@@ -34,6 +34,11 @@ TEMPLATE_MODEL ?= examples/llama3.1-8b.json
 TEMPLATE_PRECISIONS ?= amp_bf16,bf16,tf32,fp32,amp_fp16,fp16
 templates: $(STAMP)
 	$(BIN)/python -m tp_query.engine.trace.template_build $(TEMPLATE_MODEL) --precisions $(TEMPLATE_PRECISIONS)
+
+# The database's shipped snapshot (every read the engine makes, derived by DuckDB once): after a campaign changes
+# data/$(GPU); a stale one is ignored (and a test says so).
+snapshot: $(STAMP)
+	$(BIN)/python -m tp_query.engine.snapshot $(GPU)
 
 lint: $(STAMP)
 	$(BIN)/ruff check schema collector engine tests

@@ -12,6 +12,7 @@ when one is read). Object-storage databases are read directly.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -40,20 +41,38 @@ class DatabaseError(RuntimeError):
     """Missing or unusable profile data (one line for the user)."""
 
 
-_READER = Path(__file__).with_name("db.py")  # the code that derives what a snapshot holds
+# the code that derives what a snapshot holds (its bytes are part of the fingerprint)
+_READERS = (Path(__file__).with_name("db.py"), Path(__file__),
+            Path(__file__).resolve().parent.parent / "schema" / "tables.py")
+SHIPPED_NAME = "snapshot.json.gz"  # beside a GPU's manifest: the snapshot built with the database (make snapshot)
+SHIPPED_FORMAT = "tp-query-db-snapshot/1"
 
 
 def _cache_root() -> Path:
     return Path(os.environ.get("TP_QUERY_CACHE", Path.home() / ".cache" / "tp-query")) / "db"
 
 
-def _project_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+def _reader_digest() -> bytes:
+    """The reading code's own bytes: a change to how a snapshot is derived names another snapshot."""
+    h = hashlib.blake2b(digest_size=12)
+    for f in _READERS:
+        try:
+            h.update(f.read_bytes())
+        except OSError:
+            h.update(str(f).encode())
+    return h.digest()
 
-    try:
-        return version("tp-query")
-    except PackageNotFoundError:
-        return "source"
+
+def fingerprint(manifest_body: bytes, gpu: str, torch_version: str | None) -> str:
+    """What a snapshot's reads depend on: every database file (the manifest holds their hashes), the GPU, the
+    software stack whose rows answer, and the code that reads them; nothing of where or when the files lie, so
+    the snapshot built with the database serves any checkout or wheel of the same bytes."""
+    h = hashlib.blake2b(digest_size=12)
+    for part in (manifest_body, gpu.encode(), str(SNAPSHOT_VERSION).encode(), _reader_digest(),
+                 str(torch_version).encode()):
+        h.update(part)
+        h.update(b"|")
+    return h.hexdigest()
 
 
 def _read_json(path: Path) -> Any:
@@ -80,20 +99,26 @@ class DbSnapshot:
     """The engine's reads of one GPU's database: from the snapshot when its fingerprint matches, else from
     a fully validated `Database` (created on first need), saved for the next process."""
 
-    def __init__(self, gpu: str, root: Path | str | None = None, torch_version: str | None = None) -> None:
+    def __init__(self, gpu: str, root: Path | str | None = None, torch_version: str | None = None,
+                 cache: Path | None = None, shipped: bool = True) -> None:
+        """cache: where snapshots are kept (default $TP_QUERY_CACHE/db); shipped: take the reads from the
+        database's own snapshot file when its fingerprint is this database's (False: derive them, to build it)."""
         self.gpu = gpu
         self.root = str(root) if root is not None else str(default_root())
         self.torch_version = torch_version  # which software stack's rows answer (Database)
         self._db: Any = None
         self._dir: Path | None = None
+        self._shipped: dict[str, Any] | None = None if shipped else {}
+        cache_root = cache or _cache_root()
         base = Path(self.root) / gpu
+        self._base = base
         remote = self.root.startswith(("s3://", "http://", "https://"))
         if remote or not (base / manifest.MANIFEST_NAME).is_file():
             self.database  # noqa: B018 - validates now and says why it cannot open, as before
             return
         # every process: the files are the bytes the manifest records (those unchanged since the last passed
         # check by their stamps, the rest by their hashes); only a passed check rewrites the stamps
-        seen = _cache_root() / "verified" / (hashlib.blake2b(str(base.resolve()).encode(), digest_size=10
+        seen = cache_root / "verified" / (hashlib.blake2b(str(base.resolve()).encode(), digest_size=10
                                                             ).hexdigest() + ".json")
         before = _read_json(seen)
         before = before if isinstance(before, dict) else {}
@@ -103,14 +128,8 @@ class DbSnapshot:
             raise DatabaseError(str(e)) from None
         if after != before:
             _write_json(seen, after)
-        body = (base / manifest.MANIFEST_NAME).read_bytes()
-        h = hashlib.blake2b(digest_size=12)
-        reader = _READER.stat()
-        for part in (body, gpu.encode(), str(SNAPSHOT_VERSION).encode(), _project_version().encode(),
-                     f"{reader.st_size}:{reader.st_mtime_ns}".encode(), str(torch_version).encode()):
-            h.update(part)
-            h.update(b"|")
-        self._dir = _cache_root() / h.hexdigest()
+        self.fingerprint = fingerprint((base / manifest.MANIFEST_NAME).read_bytes(), gpu, torch_version)
+        self._dir = cache_root / self.fingerprint
 
     @property
     def database(self) -> Any:
@@ -128,9 +147,38 @@ class DbSnapshot:
         hit = _read_json(path)
         if hit is not None:
             return hit
-        value = read(self.database)
+        shipped = self.shipped_files()
+        value = shipped[name] if name in shipped else read(self.database)
         _write_json(path, value)  # a read-only cache only costs the next process the DuckDB reads
         return value
+
+    def shipped_files(self) -> dict[str, Any]:
+        """The reads of the snapshot shipped with the database (data/<gpu>/snapshot.json.gz), when it was built
+        from these very files by this very code (its fingerprint is this database's); else nothing, and every
+        read is derived from the database. Loaded once, on the first read the cache lacks."""
+        if self._shipped is None:
+            self._shipped = {}
+            try:
+                obj = json.loads(gzip.decompress((self._base / SHIPPED_NAME).read_bytes()))
+            except (OSError, ValueError, EOFError):  # none, or damaged (gzip's CRC): derived instead
+                return self._shipped
+            if isinstance(obj, dict) and obj.get("format") == SHIPPED_FORMAT and \
+                    obj.get("fingerprint") == getattr(self, "fingerprint", None) and isinstance(obj.get("files"), dict):
+                self._shipped = obj["files"]
+        return self._shipped
+
+    def derived_files(self) -> dict[str, Any]:
+        """Every read this process has made or found in its cache (memos apart), by name: what a shipped
+        snapshot holds."""
+        if self._dir is None:
+            return {}
+        out = {}
+        for p in sorted(self._dir.glob("*.json")):
+            if not p.name.startswith("memo-"):
+                value = _read_json(p)
+                if value is not None:
+                    out[p.stem] = value
+        return out
 
     # -- memos of what was derived from this database (same fingerprint, same answers) --------------
     def memo_load(self, name: str) -> dict[str, Any]:

@@ -281,6 +281,14 @@ class LatencyModel:
             store(self._memo_name, self._memo)
             self._unsaved = 0
 
+    def read_all_families(self) -> None:
+        """Read every family's measured points and the exact table now (what a shipped snapshot must hold)."""
+        if self._exact is None:
+            self._exact = self.db.exact_all()
+        for fam in FAMILIES:
+            if fam not in (Family.VIEW, Family.HOST) and fam not in self._families:
+                self._families[fam] = _FamilyPoints(self.db, fam, self.gpu)
+
     def _resolve(self, q: Query) -> Estimate:
         if q.info.family in (Family.VIEW, Family.HOST):
             return Estimate(0.0, 0.0, Source.NO_KERNEL)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tp_query.engine.db import Database, DatabaseError
@@ -337,3 +339,52 @@ def test_installed_versions_read_as_importlib_metadata_reads_them() -> None:
     for pkg in ("numpy", "duckdb", "pyarrow", "tp-query", "typer"):
         assert _installed_version(pkg, "none") == version(pkg)
     assert _installed_version("no-such-package-tpq", "none") == "none"
+
+
+def test_shipped_snapshot_is_current() -> None:
+    """data/h200/snapshot.json.gz holds exactly what DuckDB derives from the shipped database with this code
+    (rebuild with `make snapshot` after a campaign): a stale one would only be ignored, this says so."""
+    import gzip
+
+    from tp_query.engine import snapshot
+    from tp_query.engine.dbcache import SHIPPED_NAME
+
+    root = Path(__file__).resolve().parents[1] / "data"
+    shipped = json.loads(gzip.decompress((root / "h200" / SHIPPED_NAME).read_bytes()))
+    assert shipped == json.loads(json.dumps(snapshot.derive("h200", root))), \
+        "data/h200/snapshot.json.gz is stale: run `make snapshot GPU=h200`"
+
+
+def test_a_shipped_snapshot_answers_without_duckdb_and_only_for_its_database(cpu_db: Path, tmp_path: Path,
+                                                                            tiny_llama_file: Path) -> None:
+    """A fresh cache with the database's own snapshot: the same prediction, DuckDB never imported. One whose
+    fingerprint is not this database's (another database's, or damaged) is ignored, and DuckDB answers."""
+    import gzip
+    import subprocess
+    import sys
+
+    from tp_query.engine import snapshot
+    from tp_query.engine.dbcache import SHIPPED_NAME
+
+    root = tmp_path / "db"
+    shutil.copytree(cpu_db / "cpu", root / "cpu")
+    code = ("import json, sys; from tp_query.engine.api import predict; "
+            f"p = predict(json.load(open({str(tiny_llama_file)!r})), gpu='cpu', db={str(root)!r}, dp=2); "
+            "print(json.dumps([p.iteration_ms, p.peak_memory_gib, 'duckdb' in sys.modules]))")
+
+    def run() -> list[Any]:
+        env = {**os.environ, "TP_QUERY_CACHE": str(tmp_path / f"cache{len(list(tmp_path.iterdir()))}")}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-800:]
+        return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    ms, gib, used_duckdb = run()
+    assert used_duckdb  # no snapshot shipped: derived by DuckDB
+    snapshot.write("cpu", root)
+    assert run() == [ms, gib, False]
+    obj = json.loads(gzip.decompress((root / "cpu" / SHIPPED_NAME).read_bytes()))
+    obj["fingerprint"] = "0" * 24  # built from other bytes: not this database's
+    (root / "cpu" / SHIPPED_NAME).write_bytes(gzip.compress(json.dumps(obj).encode()))
+    assert run() == [ms, gib, True]
+    (root / "cpu" / SHIPPED_NAME).write_bytes(b"\x1f\x8b damaged")
+    assert run() == [ms, gib, True]

@@ -29,6 +29,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     whl = next(wheels.glob("tp_query-*.whl"))
     names = zipfile.ZipFile(whl).namelist()
     assert "tp_query/data/h200/manifest.json" in names and "tp_query/data/h200/calibration.json" in names
+    assert "tp_query/data/h200/snapshot.json.gz" in names  # a fresh install's first predict opens no DuckDB
     assert sum(n.startswith("tp_query/data/h200/ops/") for n in names) >= 30
     assert not any("/validation/" in n for n in names)
     target = tmp_path_factory.mktemp("site")
