@@ -146,6 +146,7 @@ class Composer:
         self._weights = {k: np.asarray(v) for k, v in wts.items() if mixed and k[1] == Section.LAYER}
         self._op_template = {k: np.asarray(v) for k, v in src.items() if mixed and k[1] == Section.LAYER}
         self.opt_records: list[OpRecord] = [o for o in graph.ops if o.phase == Phase.OPT]
+        self._opt_calls_parsed: list[OpCall] | None = None
         self.traced_params = list(graph.params)
         # each model layer's traced template (one per layer kind) and each template's parameters
         self.template_of = layer_template_of(graph.meta) if graph.meta.traced_layers > 0 else []
@@ -243,7 +244,15 @@ class Composer:
             return OpCall(call.op, tuple(_shard(a, n) if isinstance(a, TensorSpec) else a for a in call.args),
                           call.kwargs)
 
-        calls = [OpCall.from_json_str(o.op, o.sig) for o in self.opt_records]
+        calls = self._opt_calls
+        per_param: dict[tuple[int, int], Item] = {}  # (traced call, shards): the same item for every layer's copy
+
+        def param_item(k: int, n: int) -> Item:
+            it = per_param.get((k, n))
+            if it is None:
+                it = per_param[(k, n)] = _call_item(shard_args(calls[k], n), Phase.OPT, self.allow_tf32)
+            return it
+
         partial = self._partial_grad_reductions(params)
         items: list[Item] = []
         i = 0
@@ -261,8 +270,7 @@ class Composer:
                 continue
             block = self._per_param_block(calls, i)
             if block == "params":  # one call per traced parameter, in their order: one per parameter here
-                items += [_call_item(shard_args(calls[i + s], shards[j]), Phase.OPT, self.allow_tf32)
-                          for j, s in enumerate(order)]
+                items += [param_item(i + s, shards[j]) for j, s in enumerate(order)]
                 i += n_traced
             elif block == "repeat":  # the same call once per traced parameter (a host read of each norm)
                 items += [make_item(self.opt_records[i].op, self.opt_records[i].sig, Phase.OPT, self.allow_tf32)
@@ -272,6 +280,13 @@ class Composer:
                 items.append(make_item(self.opt_records[i].op, self.opt_records[i].sig, Phase.OPT, self.allow_tf32))
                 i += 1
         return items
+
+    @property
+    def _opt_calls(self) -> list[OpCall]:
+        """The traced optimizer step's calls, parsed once per graph (every stage layout rebuilds from them)."""
+        if self._opt_calls_parsed is None:
+            self._opt_calls_parsed = [OpCall.from_json_str(o.op, o.sig) for o in self.opt_records]
+        return self._opt_calls_parsed
 
     def _partial_grad_reductions(self, params: list[ParamRecord]) -> list[Item]:
         """DTensor sequence parallelism: the all-reduces the traced optimizer step made of the Partial gradients
