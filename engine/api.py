@@ -17,7 +17,7 @@ from tp_query.schema.model_config import load_model_file
 from tp_query.schema.precision import Setting
 
 from .parallel import ParallelConfig
-from .predict import Engine, Prediction, PredictRequest
+from .predict import Engine, PredictError, Prediction, PredictRequest
 from .search import SearchResult, SearchSpace
 from .search import search as _search
 
@@ -39,6 +39,9 @@ def _model(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
     return load_model_file(p), (p.parent.name if p.name == "config.json" else p.stem)
 
 
+_DEFAULT_SPLIT = ParallelConfig()
+
+
 def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | None = None,
             precision: str | Setting = Setting.AMP_BF16, dp: int = 1, tp: int = 1, pp: int = 1,
             micro_batch: int = 1, global_batch: int | None = None, seq_len: int = 4096, optimizer: str = "adamw",
@@ -46,12 +49,18 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
             with_ops: bool = False, framework: str = "torch", pp_schedule: str = "1f1b",
             ddp_bucket_view: bool = False, ep: int = 1, moe_imbalance: float = 1.0,
             parallel: ParallelConfig | None = None, torch_version: str | None = None) -> Prediction:
-    """One prediction; the split as keywords, or as a ParallelConfig (`parallel=`) which then wins."""
+    """One prediction; the split as keywords, or as a ParallelConfig (`parallel=`), not both."""
     cfg, name = _model(model)
-    par = parallel or ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
-                                     sequence_parallel=sequence_parallel, zero=zero, recompute=recompute,
-                                     pp_schedule=pp_schedule, framework=framework, ddp_bucket_view=ddp_bucket_view,
-                                     ep=ep)
+    split = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
+                 sequence_parallel=sequence_parallel, zero=zero, recompute=recompute, pp_schedule=pp_schedule,
+                 framework=framework, ddp_bucket_view=ddp_bucket_view, ep=ep)
+    if parallel is not None:
+        given = [k for k, v in split.items() if v != getattr(_DEFAULT_SPLIT, k)]
+        if given:
+            raise PredictError(f"the split is given twice: parallel= and {', '.join(given)}=; pass one of them")
+        par = parallel
+    else:
+        par = ParallelConfig(**split)  # type: ignore[arg-type]
     req = PredictRequest(model=cfg, model_name=name, gpu=gpu, setting=Setting(precision), parallel=par,
                          seq_len=seq_len, optimizer=optimizer, strict=strict, db_root=db,
                          moe_imbalance=moe_imbalance, torch_version=torch_version)

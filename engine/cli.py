@@ -480,6 +480,15 @@ def search(
             raise UserError(f"--output must end in .parquet or .csv, got {output.name!r}")
         if emit not in (None, "torchrun", "megatron"):
             raise UserError(f"--emit must be torchrun or megatron, got {emit!r}")
+        if emit is not None and as_json:
+            raise UserError("--emit prints a launch command and --json a table of configurations: choose one")
+        if emit == "megatron" and framework != "megatron":
+            raise UserError("--emit megatron launches Megatron-LM: search with --framework megatron (and its "
+                            "precisions, mp_bf16 or mp_fp16) so the ranking is Megatron-Core's")
+        if price_per_gpu_hour is not None and tokens is None:
+            raise UserError("--price-per-gpu-hour prices a job: give its token budget with --tokens")
+        if top < 0:
+            raise UserError(f"--top must be 0 (every configuration) or more, got {top}")
         precs = list(Setting) if precision and "all" in precision else [Setting(p) for p in (precision or ["amp_bf16"])]
         space = SearchSpace(gpus, global_batch, seq_len, tuple(precs), tuple(micro_batch or (1, 2, 4, 8)),
                             optimizer=optimizer, framework=framework)
@@ -497,10 +506,14 @@ def search(
         except SearchError as e:
             raise UserError(str(e)) from None
         if not res.ranked:
+            from tp_query.engine.search import common_reason
+
             oom = [o for o in res.rejected if o.reason.startswith("out of memory")]
-            best = min(oom, key=lambda o: o.peak_memory_gib or 1e9) if oom else None
-            hint = f"; the smallest footprint is {best.candidate.label()} at {best.peak_memory_gib:.0f} GiB" if best else ""
-            raise UserError(f"no configuration of {gpus} GPUs fits this model{hint}")
+            if not oom:
+                raise UserError(f"no configuration of {gpus} GPUs could be evaluated: {common_reason(res.rejected)}")
+            best = min(oom, key=lambda o: o.peak_memory_gib or 1e9)
+            raise UserError(f"no configuration of {gpus} GPUs fits this model; the smallest footprint is "
+                            f"{best.candidate.label()} at {best.peak_memory_gib:.0f} GiB")
         shown = res.ranked[:top] if top > 0 else res.ranked
         if output is not None:
             frame = res.to_polars(include_rejected=True)
@@ -511,7 +524,8 @@ def search(
         if emit is not None:
             from tp_query.engine.search import launch_command
 
-            typer.echo(launch_command(res.ranked[0], emit, str(model), seq_len))
+            typer.echo(launch_command(res.ranked[0], emit, str(model), seq_len,
+                                      sysspec.gpus_per_node if sysspec else 8))
             return
         if as_json:
             typer.echo(json.dumps({"evaluated": res.evaluated, "seconds": res.seconds,

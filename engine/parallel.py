@@ -49,6 +49,13 @@ class ParallelConfig:
     LIMITS: ClassVar[dict[str, int]] = {"DP": 1 << 20, "TP": 1 << 12, "PP": 1 << 12, "EP": 1 << 12,
                                         "micro-batch": 1 << 16, "global batch": 1 << 31}
 
+    def unmodelled(self) -> str:
+        """Why this valid split is not predicted ("" when it is): a combination without a model or a run here."""
+        if self.zero and self.pp > 1:
+            return ("ZeRO with pipeline parallelism is not modelled (FSDP2 or a sharded optimizer per stage has no "
+                    "validation run here): use --zero 0 with PP")
+        return ""
+
     def validate(self) -> None:
         for name, v in (("DP", self.dp), ("TP", self.tp), ("PP", self.pp), ("EP", self.ep),
                         ("micro-batch", self.micro_batch),
@@ -66,6 +73,14 @@ class ParallelConfig:
             raise PlanError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero}")
         if self.sequence_parallel and self.tp == 1:
             raise PlanError("sequence parallelism needs TP > 1")
+        # options that only mean something beside another: refused alone, never silently dropped
+        if self.zero and self.dp == 1:
+            raise PlanError(f"ZeRO stage {self.zero} shards over data-parallel ranks: it needs DP > 1")
+        if self.ddp_bucket_view and not (self.framework == "torch" and self.dp > 1 and self.zero == 0):
+            raise PlanError("gradient_as_bucket_view is PyTorch DDP's option: it needs --framework torch, DP > 1 "
+                            "and --zero 0")
+        if self.pp_schedule != "1f1b" and self.pp == 1:
+            raise PlanError(f"--pp-schedule {self.pp_schedule} orders pipeline stages: it needs PP > 1")
         if self.pp_schedule not in ("1f1b", "gpipe", "interleaved"):
             raise PlanError(f"unknown pipeline schedule {self.pp_schedule!r}: 1f1b, gpipe or interleaved")
         if self.framework not in ("torch", "megatron"):

@@ -181,9 +181,10 @@ class Engine:
                                f"request asks for torch {req.torch_version}: use Engine(..., torch_version=...)")
         if req.optimizer not in OPTIMIZERS:
             raise PredictError(f"unknown optimizer {req.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
-        if isinstance(req.seq_len, bool) or not isinstance(req.seq_len, int) or not 0 < req.seq_len <= MAX_SEQ:
-            raise PredictError(f"sequence length must be an integer in 1..{MAX_SEQ}, got {req.seq_len!r}")
-        why = setting_refusal(req.setting, par)
+        if isinstance(req.seq_len, bool) or not isinstance(req.seq_len, int) or not 1 < req.seq_len <= MAX_SEQ:
+            # a causal LM's loss predicts each next token: one token leaves nothing to train on
+            raise PredictError(f"sequence length must be an integer in 2..{MAX_SEQ}, got {req.seq_len!r}")
+        why = setting_refusal(req.setting, par) or par.unmodelled()
         if why:
             raise PredictError(why)
         if req.seq_len * par.micro_batch > MAX_TOKENS:
@@ -380,6 +381,13 @@ class _Assemble:
                                  f"network {self.eng.comm.network[0] / 1e9:.0f} GB/s per GPU, "
                                  f"{self.eng.comm.gpus_per_node} GPUs per node"
                                  + (f" from system {self.eng.system.name!r})" if self.eng.system else ")"))
+        sysspec = self.eng.system
+        if sysspec is not None and self.eng.comm.table and par.gpus > 1 and \
+                abs(sysspec.nvlink_bytes_per_s / self.eng.gpu.nvlink_bytes_per_s - 1) > 0.05:
+            self.warnings.append(f"collectives inside a node come from the NCCL tables measured on {self.eng.gpu.name} "
+                                 f"hosts ({self.eng.gpu.nvlink_bytes_per_s / 1e9:.0f} GB/s NVLink), not from system "
+                                 f"{sysspec.name!r}'s {sysspec.nvlink_bytes_per_s / 1e9:.0f} GB/s; its figures price "
+                                 "what the tables do not cover (more ranks, the network)")
         # a user's single answer states the step's range over the measured host instances where it spans more
         # than 5% (a planner's loop does not pay for those evaluations)
         spread = self._host_instances_ms(host) if host_range and self.fw.machine is None else None
@@ -402,6 +410,11 @@ class _Assemble:
                                  "norm exceeds --clip-grad also scales every gradient (one more pass over them)")
         if self.eng.version_warning:
             self.warnings.append(self.eng.version_warning)
+        max_pos = self.g.meta.model.get("max_position_embeddings") if self.g.meta.source == "config" else None
+        if isinstance(max_pos, int) and self.g.meta.seq_len > max_pos:
+            self.warnings.append(f"sequence length {self.g.meta.seq_len} exceeds the model's max_position_embeddings "
+                                 f"{max_pos}: predicted as the same model run at that length (context extension); "
+                                 "as configured it was not trained for it")
         model = self.g.meta.model
         if model.get("family") == ArchFamily.TRANSFORMERS.value:
             mt = model.get("model_type")

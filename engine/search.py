@@ -8,7 +8,9 @@ combination once and evaluates every DP/PP/ZeRO variant from the shared graph an
 from __future__ import annotations
 
 import itertools
+import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -18,7 +20,7 @@ from tp_query.schema.precision import Setting
 
 from .parallel import ParallelConfig
 from .predict import Engine, PredictError, Prediction, PredictRequest
-from .request import setting_refusal
+from .request import OPTIMIZERS, setting_refusal
 
 
 class SearchError(ValueError):
@@ -105,11 +107,7 @@ def invalid_reason(spec: ModelSpec, cand: Candidate, space: SearchSpace) -> str:
         return f"PP={c.pp} > {spec.num_layers} layers"
     if c.sequence_parallel and (c.tp == 1 or space.seq_len % c.tp):
         return "sequence parallelism needs TP > 1 dividing the sequence"
-    if c.zero and c.dp == 1:
-        return "ZeRO needs DP > 1"
-    if c.zero and c.pp > 1:
-        return "ZeRO with pipeline parallelism is not modelled"
-    return ""
+    return c.unmodelled()
 
 
 def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate, str]]:
@@ -138,12 +136,18 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
            progress: Callable[[int, int], None] | None = None, jobs: int | None = None) -> SearchResult:
     """jobs: processes that trace the uncached graphs first (None or 0: the machine's cores, at most 8; 1: none,
     each graph is traced when its first candidate needs it)."""
-    for what, v, top in (("--gpus", space.gpus, 1 << 20), ("--global-batch", space.global_batch, 1 << 31),
-                         ("--seq-len", space.seq_len, 1 << 22)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= top:
-            raise SearchError(f"{what} must be an integer in 1..{top}, got {v!r}")
+    for what, v, low, top in (("--gpus", space.gpus, 1, 1 << 20), ("--global-batch", space.global_batch, 1, 1 << 31),
+                              ("--seq-len", space.seq_len, 2, 1 << 22)):
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= top:
+            raise SearchError(f"{what} must be an integer in {low}..{top}, got {v!r}")
     if not space.precisions:
         raise SearchError("the precision list is empty")
+    for what, amount in (("tokens", tokens), ("price per GPU-hour", price_per_gpu_hour)):
+        if amount is not None and (isinstance(amount, bool) or not isinstance(amount, int | float)
+                                   or not math.isfinite(amount) or amount < 0 or (what == "tokens" and amount == 0)):
+            raise SearchError(f"{what} must be a finite positive number, got {amount!r}")
+    if space.optimizer not in OPTIMIZERS:
+        raise SearchError(f"unknown optimizer {space.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
     if not space.micro_batches or any(isinstance(m, bool) or not isinstance(m, int) or not 0 < m <= 1 << 16
                                       for m in space.micro_batches):
         raise SearchError(f"--micro-batch candidates must be integers in 1..{1 << 16}, got {list(space.micro_batches)}")
@@ -158,9 +162,11 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
     for c, r in cands:
         if r:
             rejected.append(Outcome(c, None, None, None, False, r))
+    if not cands:
+        raise SearchError(f"no split of {space.gpus} GPUs divides the global batch {space.global_batch} into "
+                          f"micro-batches of {', '.join(map(str, space.micro_batches))} on every data-parallel rank")
     if not valid:
-        raise SearchError(f"no split of {space.gpus} GPUs is valid for this model: "
-                          + (rejected[0].reason if rejected else "nothing to try"))
+        raise SearchError(f"no split of {space.gpus} GPUs is valid for this model: " + common_reason(rejected))
     # group by graph so each graph is traced once, then evaluate every variant
     valid.sort(key=lambda c: (c.precision.value, c.parallel.micro_batch, c.parallel.tp, c.parallel.sequence_parallel,
                               c.parallel.recompute))
@@ -199,6 +205,15 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
             progress(i + 1, len(valid))
     ranked.sort(key=lambda o: o.iteration_ms or float("inf"))
     return SearchResult(ranked, rejected, len(valid), time.perf_counter() - t0, eval_time)
+
+
+def common_reason(outcomes: list[Outcome]) -> str:
+    """The reason most outcomes share, and how many (a search that finds nothing says why)."""
+    counts = Counter(o.reason for o in outcomes if o.reason)
+    if not counts:
+        return "nothing to try"
+    reason, n = counts.most_common(1)[0]
+    return reason if n == len(outcomes) else f"{reason} ({n} of {len(outcomes)} configurations)"
 
 
 def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node: int = 8) -> str:

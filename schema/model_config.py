@@ -288,7 +288,13 @@ def identify(cfg: dict[str, Any]) -> tuple[ArchFamily, str]:
             raise ConfigError(f"{key}: {REFUSED[key]}; for such models use `tp-query trace`")
     for a in archs or []:
         if a in ARCHITECTURES:
-            return ARCHITECTURES[a]
+            fam, own = ARCHITECTURES[a]
+            if isinstance(mt, str) and mt and mt != own and MODEL_TYPES.get(mt, (None,))[0] != fam:
+                # transformers builds a config by its model_type, the model by its architecture: a file that
+                # names two different models is refused, not read as one of them
+                raise ConfigError(f"architectures names {a} (model_type {own!r}) but model_type is {mt!r}: "
+                                  "correct one of them")
+            return fam, own
     if isinstance(mt, str) and mt in MODEL_TYPES:
         return MODEL_TYPES[mt]
     what = ", ".join(archs) if archs else (mt if isinstance(mt, str) else "nothing")
@@ -613,6 +619,9 @@ def load_model_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
+    if p.exists() and not p.is_file() and not p.is_char_device():
+        # a FIFO or a socket would block the read until someone writes to it
+        raise ConfigError(f"{path}: not a regular file")
     try:
         with p.open("rb") as f:  # bounded: /dev/zero or a huge file is refused, not read
             raw = f.read(MAX_CONFIG_BYTES + 1)

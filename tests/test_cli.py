@@ -52,6 +52,17 @@ def test_sql_and_db_info(cpu_db: Path) -> None:
     (json.dumps(TINY_LLAMA), ["--gpu", "h900"], "unknown GPU"),
     (json.dumps(TINY_LLAMA), ["--gpu", "h100"], "no profile database"),
     (json.dumps({**TINY_LLAMA, "hidden_size": 0}), [], "positive integer"),
+    # an option that means something only beside another, or a combination nothing here models: refused,
+    # never silently dropped (each gave the plain split's numbers)
+    (json.dumps(TINY_LLAMA), ["--zero", "1"], "needs DP > 1"),
+    (json.dumps(TINY_LLAMA), ["--ddp-bucket-view"], "gradient_as_bucket_view"),
+    (json.dumps(TINY_LLAMA), ["--dp", "2", "--zero", "3", "--ddp-bucket-view"], "gradient_as_bucket_view"),
+    (json.dumps(TINY_LLAMA), ["--pp-schedule", "gpipe"], "needs PP > 1"),
+    (json.dumps(TINY_LLAMA), ["--pp", "2", "--dp", "2", "--zero", "1", "--global-batch", "4"],
+     "ZeRO with pipeline parallelism is not modelled"),
+    (json.dumps(TINY_LLAMA), ["--seq-len", "1"], "2.."),
+    (json.dumps({**TINY_LLAMA, "model_type": "gpt2"}), [], "correct one of them"),
+    (json.dumps({**TINY_LLAMA, "model_type": "bogus_xyz"}), [], "correct one of them"),
 ])
 def test_bad_input_is_one_line_exit_2(cpu_db: Path, tmp_path: Path, content: str, args: list[str], msg: str) -> None:
     f = tmp_path / "m.json"
@@ -189,3 +200,37 @@ def test_debug_shows_where_a_bare_value_error_came_from(monkeypatch: pytest.Monk
     monkeypatch.setattr(cli, "_DEBUG", True)
     with pytest.raises(ValueError, match="too many values"):
         cli._guard(inside)
+
+
+def test_a_fifo_is_refused_not_waited_on(cpu_db: Path, tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "model.json"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer came
+    r = run_cli("predict", str(fifo), "--gpu", "cpu", "--db", str(cpu_db))
+    assert r.returncode == 2 and "not a regular file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--price-per-gpu-hour", "5"], "--tokens"),
+    (["--emit", "torchrun", "--json"], "choose one"),
+    (["--emit", "megatron"], "--framework megatron"),
+    (["--top", "-5"], "--top"),
+    (["--tokens", "nan"], "finite positive"),
+    (["--tokens", "-5"], "finite positive"),
+    (["--tokens", "1e9", "--price-per-gpu-hour", "-3"], "finite positive"),
+    (["--optimizer", "adam"], "unknown optimizer"),
+    (["--micro-batch", "3"], "divides the global batch"),
+])
+def test_search_refuses_what_it_would_ignore(cpu_db: Path, tiny_llama_file: Path, args: list[str], msg: str) -> None:
+    r = run_cli("search", str(tiny_llama_file), "--gpus", "2", "--global-batch", "4", "--seq-len", "64", "--gpu",
+                "cpu", "--db", str(cpu_db), *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_search_that_evaluates_nothing_says_why(cpu_db: Path, tiny_llama_file: Path) -> None:
+    """Every candidate refused for one reason (amp_bf16 under Megatron-Core): that reason, not 'nothing fits'."""
+    r = run_cli("search", str(tiny_llama_file), "--gpus", "2", "--global-batch", "4", "--seq-len", "64", "--gpu",
+                "cpu", "--db", str(cpu_db), "--framework", "megatron")
+    assert r.returncode == 2 and "could be evaluated" in r.stderr and "mp_bf16" in r.stderr, r.stderr

@@ -112,6 +112,17 @@ def test_python_api(cpu_db: Path, tiny_llama_file: Path) -> None:
     assert prediction_frame(p).height == len(p.ops)
     r = api_search(TINY_LLAMA, gpus=2, global_batch=2, seq_len=64, gpu="cpu", db=str(cpu_db), micro_batches=(1,))
     assert r.ranked
+    from tp_query.engine.parallel import ParallelConfig
+    from tp_query.engine.predict import PredictError
+
+    with pytest.raises(PredictError, match="given twice"):  # a keyword beside parallel= was silently dropped
+        api_predict(tiny_llama_file, gpu="cpu", db=str(cpu_db), seq_len=64, parallel=ParallelConfig(dp=2), tp=2)
+    same = api_predict(tiny_llama_file, gpu="cpu", db=str(cpu_db), seq_len=64, parallel=ParallelConfig(dp=2))
+    assert same.iteration_ms == api_predict(tiny_llama_file, gpu="cpu", db=str(cpu_db), seq_len=64, dp=2).iteration_ms
+    beyond = TINY_LLAMA["max_position_embeddings"] * 2
+    p = api_predict(tiny_llama_file, gpu="cpu", db=str(cpu_db), seq_len=beyond)
+    assert any("exceeds the model's max_position_embeddings" in w for w in p.warnings)
+    assert not any("max_position_embeddings" in w for w in same.warnings)
 
 
 def test_plots(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
@@ -229,14 +240,18 @@ def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Pa
     t = pq.read_table(tmp_path / "all.parquet")
     shown = json.loads(r.stdout)
     assert t.num_rows >= len(shown["ranked"]) > 0 and {"dp", "tp", "pp", "iteration_ms", "fits"} <= set(t.column_names)
-    r = run_cli(*base, "--output", str(tmp_path / "all.csv"), "--emit", "megatron")
-    assert r.returncode == 0, r.stderr
-    assert pacsv.read_csv(tmp_path / "all.csv").num_rows == t.num_rows
     best = shown["ranked"][0]
-    assert f"--tensor-model-parallel-size {best['tp']} " in r.stdout and "pretrain_gpt.py" in r.stdout
-    assert "--global-batch-size 8" in r.stdout
-    r = run_cli(*base, "--emit", "torchrun")
+    r = run_cli(*base, "--output", str(tmp_path / "all.csv"), "--emit", "torchrun")
     assert r.returncode == 0 and f"--dp {best['dp']} --tp {best['tp']} --pp {best['pp']}" in r.stdout
+    assert pacsv.read_csv(tmp_path / "all.csv").num_rows == t.num_rows
+    mcore = [*base, "--framework", "megatron", "--precision", "mp_bf16"]  # Megatron-LM's launch: its own ranking
+    r = run_cli(*mcore, "--json")
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["ranked"][0]
+    r = run_cli(*mcore, "--emit", "megatron")
+    assert r.returncode == 0, r.stderr
+    assert f"--tensor-model-parallel-size {best['tp']} " in r.stdout and "pretrain_gpt.py" in r.stdout
+    assert "--global-batch-size 8" in r.stdout and "--bf16" in r.stdout
     r = run_cli(*base, "--output", str(tmp_path / "x.xlsx"))
     assert r.returncode == 2 and "--output must end in .parquet or .csv" in r.stderr
 
