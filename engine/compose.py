@@ -328,8 +328,12 @@ class Composer:
 
     def accumulate_items(self, params: list[ParamRecord]) -> list[Item]:
         """AccumulateGrad with an existing gradient: grad += new, once per parameter."""
-        return [_call_item(OpCall("aten.add_.Tensor", (_spec(p), _spec(p))), Phase.BWD, self.allow_tf32)
-                for p in params]
+        alike: dict[TensorSpec, Item] = {}
+        for p in params:
+            s = _spec(p)
+            if s not in alike:
+                alike[s] = _call_item(OpCall("aten.add_.Tensor", (s, s)), Phase.BWD, self.allow_tf32)
+        return [alike[_spec(p)] for p in params]
 
     def _sub(self, key: tuple[object, ...], build: Any) -> Any:
         hit = self._stage_cache.get(key)
@@ -342,10 +346,15 @@ class Composer:
         the copy it is, one read and one write) and back (any world size)."""
         def build() -> list[Item]:
             out = []
+            alike: dict[TensorSpec, tuple[Item, Item]] = {}  # every layer's copies of one shape are the same items
             for p in params:
                 s = _spec(p)
-                out.append(_call_item(OpCall("aten.copy_.default", (s, s)), Phase.BWD, self.allow_tf32))
-                out.append(_call_item(OpCall("aten.copy_.default", (s, s)), Phase.OPT, self.allow_tf32))
+                pair = alike.get(s)
+                if pair is None:
+                    call = OpCall("aten.copy_.default", (s, s))
+                    pair = alike[s] = (_call_item(call, Phase.BWD, self.allow_tf32),
+                                       _call_item(call, Phase.OPT, self.allow_tf32))
+                out.extend(pair)
             return out
 
         return list(self._sub(("ddp_copies", tuple(params)), build))  # type: ignore[arg-type]
@@ -370,7 +379,12 @@ class Composer:
         """torch.distributed.pipelining divides every gradient by the number of micro-batches once the schedule
         has run them all (`scale_grads=True`, its default: PipelineStage.scale_grads, `p.grad.div_(n)` per
         parameter of the stage); seen in the H200 profiles of 1F1B steps (20 calls on the last stage)."""
-        return [_call_item(OpCall("aten.div_.Scalar", (_spec(p), 4)), Phase.BWD, self.allow_tf32) for p in params]
+        alike: dict[TensorSpec, Item] = {}
+        for p in params:
+            s = _spec(p)
+            if s not in alike:
+                alike[s] = _call_item(OpCall("aten.div_.Scalar", (s, 4)), Phase.BWD, self.allow_tf32)
+        return [alike[_spec(p)] for p in params]
 
     def megatron_grad_scaling(self, params: list[ParamRecord], dp: int, expert_buffer: bool) -> list[Item]:
         """Megatron-Core's DDP multiplies each gradient buffer by 1/DP before its all-reduce or reduce-scatter
