@@ -135,3 +135,31 @@ def test_prediction_from_the_template_equals_the_traced_one(spec: ModelSpec, tpl
     (template.user_dir() / f"{key}.json.gz").write_bytes(b"\x1f\x8bnot a template")
     monkeypatch.setattr(template, "_LOADED", {})
     assert not (graph_for(req).meta.extra or {}).get("template")
+
+
+@pytest.mark.parametrize("setting, tp, sp", [
+    (Setting.MP_BF16, 1, False), (Setting.MP_BF16, 2, True), (Setting.MP_FP16, 2, False),
+    (Setting.FP8_TENSORWISE, 1, False), (Setting.FP8_ROWWISE, 1, False),
+])
+def test_shipped_templates_equal_real_traces(setting: Setting, tp: int, sp: bool) -> None:
+    """The shipped templates of the search's other precisions (FSDP2's MixedPrecisionPolicy recipes, torchao
+    float8 at TP=1) at dimensions none of their builds traced: the same graph as a real trace."""
+    import json
+
+    if setting.value.startswith("fp8"):
+        pytest.importorskip("torchao", reason="the fp8 settings trace torchao's float8 training")
+    base = json.loads((Path(__file__).resolve().parents[1] / "examples" / "llama3.1-8b.json").read_text())
+    cfg = {**base, "hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64,
+           "intermediate_size": 3072, "vocab_size": 32002}
+    spec = parse_config(cfg, "cut")
+    par = ParallelConfig(dp=2, tp=tp, micro_batch=2, sequence_parallel=sp)
+    req = PredictRequest(model=cfg, model_name="cut", gpu="cpu", setting=setting, parallel=par, seq_len=1000)
+    dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
+    assert dims is not None
+    key = template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION)
+    t = template.find(key)
+    assert t is not None and t.covers(dims), f"no shipped template {key} for {setting.value} tp={tp} sp={sp}"
+    g = t.instantiate(dims, spec.to_dict())
+    assert g is not None
+    real = trace_config(TraceRequest(spec, setting, par.micro_batch, req.seq_len, tp, sp, False, "adamw"))
+    _same(g, real)
