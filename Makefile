@@ -31,7 +31,7 @@ test: $(STAMP)
 
 # Graph templates of a model's structural types into data/templates (resumable: builds only what is missing).
 TEMPLATE_MODEL ?= examples/llama3.1-8b.json
-TEMPLATE_PRECISIONS ?= amp_bf16,bf16,tf32,fp32,amp_fp16,fp16
+TEMPLATE_PRECISIONS ?= amp_bf16,bf16,amp_fp16,fp16,mp_bf16,mp_fp16,fp8_tensorwise,fp8_rowwise
 templates: $(STAMP)
 	$(BIN)/python -m tp_query.engine.trace.template_build $(TEMPLATE_MODEL) --precisions $(TEMPLATE_PRECISIONS)
 
