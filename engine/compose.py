@@ -345,7 +345,7 @@ class Composer:
         """DDP's copies of each gradient into its bucket (the division by the world size fused in: priced as
         the copy it is, one read and one write) and back (any world size)."""
         def build() -> list[Item]:
-            out = []
+            out: list[Item] = []
             alike: dict[TensorSpec, tuple[Item, Item]] = {}  # every layer's copies of one shape are the same items
             for p in params:
                 s = _spec(p)
