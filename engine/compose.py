@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -328,12 +329,8 @@ class Composer:
 
     def accumulate_items(self, params: list[ParamRecord]) -> list[Item]:
         """AccumulateGrad with an existing gradient: grad += new, once per parameter."""
-        alike: dict[TensorSpec, Item] = {}
-        for p in params:
-            s = _spec(p)
-            if s not in alike:
-                alike[s] = _call_item(OpCall("aten.add_.Tensor", (s, s)), Phase.BWD, self.allow_tf32)
-        return [alike[_spec(p)] for p in params]
+        return _per_shape(params, lambda s: _call_item(OpCall("aten.add_.Tensor", (s, s)), Phase.BWD,
+                                                       self.allow_tf32))
 
     def _sub(self, key: tuple[object, ...], build: Any) -> Any:
         hit = self._stage_cache.get(key)
@@ -379,12 +376,8 @@ class Composer:
         """torch.distributed.pipelining divides every gradient by the number of micro-batches once the schedule
         has run them all (`scale_grads=True`, its default: PipelineStage.scale_grads, `p.grad.div_(n)` per
         parameter of the stage); seen in the H200 profiles of 1F1B steps (20 calls on the last stage)."""
-        alike: dict[TensorSpec, Item] = {}
-        for p in params:
-            s = _spec(p)
-            if s not in alike:
-                alike[s] = _call_item(OpCall("aten.div_.Scalar", (s, 4)), Phase.BWD, self.allow_tf32)
-        return [alike[_spec(p)] for p in params]
+        return _per_shape(params, lambda s: _call_item(OpCall("aten.div_.Scalar", (s, 4)), Phase.BWD,
+                                                       self.allow_tf32))
 
     def megatron_grad_scaling(self, params: list[ParamRecord], dp: int, expert_buffer: bool) -> list[Item]:
         """Megatron-Core's DDP multiplies each gradient buffer by 1/DP before its all-reduce or reduce-scatter
@@ -478,6 +471,19 @@ def mean_layer_bytes(params: list[ParamRecord]) -> tuple[int, ...]:
 
 def _spec(p: ParamRecord) -> TensorSpec:
     return TensorSpec(tuple(p.shape), DType(p.dtype))
+
+
+def _per_shape(params: list[ParamRecord], build: Callable[[TensorSpec], Item]) -> list[Item]:
+    """One item per parameter, built once per distinct tensor (every layer's copy of a weight is the same call)."""
+    alike: dict[TensorSpec, Item] = {}
+    out = []
+    for p in params:
+        s = _spec(p)
+        it = alike.get(s)
+        if it is None:
+            it = alike[s] = build(s)
+        out.append(it)
+    return out
 
 
 @functools.lru_cache(maxsize=65536)
