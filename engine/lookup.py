@@ -317,7 +317,10 @@ class _FamilyPoints:
         self.strict: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
         self.loose: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
         self.by_op: dict[tuple[str, str], list[Point]] = defaultdict(list)
-        self.by_name: dict[str, list[Point]] = defaultdict(list)
+        # by operator and whether it touched floating data: an integer op of the same name is index or mask
+        # arithmetic (aten.gt.Tensor building a causal mask from broadcast aranges), another kernel class whose
+        # time follows its broadcast output, not its inputs; a float call never holds its efficiency, nor back
+        self.by_name: dict[tuple[str, bool], list[Point]] = defaultdict(list)
         for r in rows:
             base = (r["op"], r["precision"], r["math_mode"], _category_dtypes(fam, r["dtypes"]))
             pt = Point(_axes(spec, r), float(r["latency_us"]), float(r["latency_warm_us"] or r["latency_us"]),
@@ -325,7 +328,7 @@ class _FamilyPoints:
             self.strict[base + _exact_features(spec, r)].append(pt)
             self.loose[base].append(pt)
             self.by_op[(r["op"], r["precision"])].append(pt)
-            self.by_name[r["op"]].append(pt)
+            self.by_name[(r["op"], r["precision"] == "int")].append(pt)
         effs = [p.eff_cold for ps in self.loose.values() for p in ps]
         self.default_eff = statistics.median(effs) if effs else 0.5
         self._cats: dict[tuple[Any, ...], Category] = {}
@@ -356,10 +359,11 @@ class _FamilyPoints:
         if pk in self.by_op:  # same operator in other dtypes
             c, w, _, n = self._category(("o", *pk), self.by_op[pk]).estimate(ax, roof)
             return Estimate(c, w, Source.EXTRAPOLATED, n)
-        if q.op in self.by_name and roof > 0:
+        nk = (q.op, str(q.info.precision) == "int")
+        if nk in self.by_name and roof > 0:
             # the same operator in another precision: its efficiency against its own roofline, held at these
             # axes (a memory-bound kernel moves bytes about as well in fp32 as in bf16)
-            c, w, n = self._held_efficiency(("n", q.op), self.by_name[q.op], ax)
+            c, w, n = self._held_efficiency(("n", *nk), self.by_name[nk], ax)
             if n:
                 return Estimate(roof * c, roof * w, Source.EXTRAPOLATED, n)
         return Estimate(roof / self.default_eff, roof / self.default_eff, Source.MISS, 0)

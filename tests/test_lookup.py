@@ -175,6 +175,39 @@ def test_same_operator_in_another_precision_before_a_miss() -> None:
     assert lm.estimate([Query("s", other.op, describe(other, False))])["s"].source == Source.MISS
 
 
+def test_integer_points_of_an_operator_never_price_its_float_calls() -> None:
+    """aten.gt.Tensor measured only on int64 mask building (broadcast aranges whose output grows as the square of
+    their inputs: latency quadratic in the inputs' numel) and called on a bf16 activation against a scalar (Apertus'
+    xIELU backward): the integer points' slowdown extrapolated to 58 M elements had priced it at 15 ms (the
+    roofline is 36 us). Integer and float calls of one name are different kernel classes: a structured miss at the
+    family's typical efficiency, never the integer trend."""
+    rows = []
+    for e in range(11, 15):
+        n = 2 ** e
+        call = OpCall("aten.gt.Tensor", (TensorSpec((1, n), DType.I64), TensorSpec((n, 1), DType.I64)))
+        info = describe(call, False)
+        t = 13.66 * (n / 2048) ** 2  # the broadcast output's n^2 elements, which the inputs' features do not see
+        rows.append({"key": f"k{e}", "op": call.op, "family": "elementwise", "precision": "int", "math_mode": "",
+                     "dtypes": info.dtypes, "flops": info.flops, "bytes": info.bytes, "latency_us": t,
+                     "latency_warm_us": t, **info.features})
+    for e in range(16, 32, 2):  # the family's other points: bf16 multiplies at 3 TB/s (its typical efficiency)
+        n = 2 ** e
+        call = OpCall("aten.mul.Tensor", (TensorSpec((n,), DType.BF16), TensorSpec((n,), DType.BF16)))
+        info = describe(call, False)
+        rows.append({"key": f"m{e}", "op": call.op, "family": "elementwise", "precision": "bf16", "math_mode": "",
+                     "dtypes": info.dtypes, "flops": info.flops, "bytes": info.bytes,
+                     "latency_us": info.bytes / 3e12 * 1e6, "latency_warm_us": info.bytes / 3e12 * 1e6,
+                     **info.features})
+    lm = LatencyModel(FakeDb(rows), H200)
+    call = OpCall("aten.gt.Tensor", (TensorSpec((1, 4096, 14336), DType.BF16), TensorSpec((), DType.BF16)))
+    info = describe(call, False)
+    e = lm.estimate([Query("q", call.op, info)])["q"]
+    roof = roofline_us(info.flops, info.bytes, info.precision, H200)
+    assert e.source == Source.MISS and e.cold_us < 10 * roof
+    small = OpCall("aten.gt.Tensor", (TensorSpec((1, 3000), DType.I64), TensorSpec((3000, 1), DType.I64)))
+    assert lm.estimate([Query("i", small.op, describe(small, False))])["i"].source != Source.MISS  # ints still do
+
+
 def test_other_exact_features_hold_efficiency_not_latency() -> None:
     """A causal attention priced from non-causal points only (Gemma-7B's fp32 attention, whose head size the grid
     has for sliding-window masks only): the categories' work differs by half, so the efficiency against each

@@ -143,8 +143,9 @@ def test_a_module_the_trace_cannot_follow_is_refused_in_one_line() -> None:
 
 def test_the_validated_model_types_are_those_with_held_out_runs() -> None:
     """A prediction says whether its model type has held-out runs: the list the engine reads is the case table's."""
-    from tp_query.collector.validate import BF16_ONLY_CASES, GENERIC_CASES
+    from tp_query.collector.validate import BF16_ONLY_CASES, GENERIC_CASES, default_type_cases
     from tp_query.schema.model_config import VALIDATED_MODEL_TYPES
 
     cased = {parse_config(cfg).model_type for cfg, *_ in [*GENERIC_CASES.values(), *BF16_ONLY_CASES.values()]}
+    cased |= {parse_config(c.config).model_type for c in default_type_cases()}
     assert cased == set(VALIDATED_MODEL_TYPES)
