@@ -287,7 +287,8 @@ BF16_ONLY_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
 
 # Six model types known only to transformers (2026-12-02, predicted before they ran): the configs transformers
 # 5.17 builds by default for them (their flagship sizes), cut to 4 layers: GLM-4, EXAONE-4 (three sliding-window
-# layers of 4096 tokens to one global), Seed-OSS, Apertus (xIELU activation), Arcee AFM (ReLU^2, no gate), ERNIE-4.5
+# layers of 4096 tokens to one global), Seed-OSS, Apertus (xIELU activation), Arcee AFM (ReLU^2, no gate), ERNIE-4.5;
+# tf32 and amp_fp16 added after the first two settings ran (predicted before they ran too)
 DEFAULT_TYPE_CONFIGS = Path(__file__).resolve().parent.parent / "data" / "validation" / "configs" / \
     "transformers-default-types.json"
 
@@ -296,7 +297,7 @@ def default_type_cases() -> list[Case]:
     if not DEFAULT_TYPE_CONFIGS.exists():
         return []
     table = {f"{mt}-default": (cfg, 4, 1, 4096) for mt, cfg in json.loads(DEFAULT_TYPE_CONFIGS.read_text()).items()}
-    return held_out_cases(table, ("amp_bf16", "bf16"))
+    return held_out_cases(table, GENERIC_SETTINGS)
 
 
 def family_cases() -> list[Case]:
