@@ -342,17 +342,11 @@ class Composer:
         """DDP's copies of each gradient into its bucket (the division by the world size fused in: priced as
         the copy it is, one read and one write) and back (any world size)."""
         def build() -> list[Item]:
-            out: list[Item] = []
-            alike: dict[TensorSpec, tuple[Item, Item]] = {}  # every layer's copies of one shape are the same items
-            for p in params:
-                s = _spec(p)
-                pair = alike.get(s)
-                if pair is None:
-                    call = OpCall("aten.copy_.default", (s, s))
-                    pair = alike[s] = (_call_item(call, Phase.BWD, self.allow_tf32),
-                                       _call_item(call, Phase.OPT, self.allow_tf32))
-                out.extend(pair)
-            return out
+            into = _per_shape(params, lambda s: _call_item(OpCall("aten.copy_.default", (s, s)), Phase.BWD,
+                                                           self.allow_tf32))
+            back = _per_shape(params, lambda s: _call_item(OpCall("aten.copy_.default", (s, s)), Phase.OPT,
+                                                           self.allow_tf32))
+            return [it for pair in zip(into, back, strict=True) for it in pair]
 
         return list(self._sub(("ddp_copies", tuple(params)), build))  # type: ignore[arg-type]
 

@@ -108,6 +108,7 @@ class DbSnapshot:
         self.torch_version = torch_version  # which software stack's rows answer (Database)
         self._db: Any = None
         self._dir: Path | None = None
+        self.fingerprint: str | None = None  # a local database's (remote ones are read directly)
         self._shipped: dict[str, Any] | None = None if shipped else {}
         cache_root = cache or _cache_root()
         base = Path(self.root) / gpu
@@ -163,7 +164,7 @@ class DbSnapshot:
             except (OSError, ValueError, EOFError):  # none, or damaged (gzip's CRC): derived instead
                 return self._shipped
             if isinstance(obj, dict) and obj.get("format") == SHIPPED_FORMAT and \
-                    obj.get("fingerprint") == getattr(self, "fingerprint", None) and isinstance(obj.get("files"), dict):
+                    obj.get("fingerprint") == self.fingerprint and isinstance(obj.get("files"), dict):
                 self._shipped = obj["files"]
         return self._shipped
 

@@ -197,16 +197,19 @@ def build_shipped(spec: ModelSpec, settings: list[str], out_dir: str, optimizer:
     out_dir; a type already there is kept (a rerun builds only what is missing). The number built."""
     from pathlib import Path
 
-    from tp_query.schema.precision import SETTINGS, Setting
+    from tp_query.schema.precision import Setting
 
     from ..graphcache import TRACE_VERSION
+    from ..parallel import ParallelConfig
+    from ..request import setting_refusal
     from ..template import structure_key
     from .capture import TraceRequest, trace_config
 
     built = 0
     for setting in settings:
-        # a setting predicted at TP=1 only (torchao float8: request.setting_refusal) has no TP classes
-        for tp_gt1 in (False,) if SETTINGS[Setting(setting)].fp8_recipe else (False, True):
+        # a setting predicted at TP=1 only (torchao float8) has no TP classes
+        tp_refused = bool(setting_refusal(Setting(setting), ParallelConfig(tp=2)))
+        for tp_gt1 in (False,) if tp_refused else (False, True):
             for sp in ((False, True) if tp_gt1 else (False,)):
                 for rc in (False, True):
                     for ones in classes(tp_gt1):
@@ -222,7 +225,7 @@ def build_shipped(spec: ModelSpec, settings: list[str], out_dir: str, optimizer:
                                                              sp and d["tp"] > 1, rc, optimizer))
                         try:
                             t = build_template(spec, fields, ones, TRACE_VERSION, tr)
-                        except (TemplateError, ValueError) as e:  # ValueError: the trace refuses the type
+                        except ValueError as e:  # TemplateError, or the trace refuses the type
                             log(f"{setting} sp={sp} rc={rc} ones={ones}: not templated ({e})")
                             continue
                         t.save(path)
