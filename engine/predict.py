@@ -422,6 +422,11 @@ class _Assemble:
                     if mt in VALIDATED_MODEL_TYPES else "a model type without a validation run here")
             self.warnings.append(f"{mt}: transformers' own module as the config builds it, {runs} (its operators are "
                                  f"priced from the database like any other; MFU is not computed)")
+            if self.par.tp > 1:
+                self.warnings.append(f"{mt} under TP={self.par.tp}: the rank's module is built from the divided config "
+                                     "(checked to be Megatron's column/row split) with DTensor's collectives and host "
+                                     "costs as measured for the listed families; no TP run of a model type known only "
+                                     "to transformers was measured")
         self.warnings += [w for w in self.g.meta.extra.get("warnings", []) if w not in self.warnings]
         if self.eng.calibration_source.startswith("default"):
             self.warnings.append(f"host model: {self.eng.calibration_source}")

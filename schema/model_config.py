@@ -38,9 +38,9 @@ class ArchFamily(StrEnum):
     MIXTRAL = "mixtral"
     QWEN2_MOE = "qwen2_moe"
     QWEN3_MOE = "qwen3_moe"
-    # any other decoder-only causal LM of transformers, built from its own module as the config gives it; no
-    # validation run of the model type itself, tensor parallelism refused (which of its sizes a rank divides
-    # is not known)
+    # any other decoder-only causal LM of transformers, built from its own module as the config gives it; tensor
+    # parallelism where the divided config's parameters come out as a Megatron split (checked at trace time),
+    # sequence parallelism refused
     TRANSFORMERS = "transformers"
 
 
@@ -170,9 +170,9 @@ class ModelSpec:
         if self.family == ArchFamily.GPT_NEOX:
             return ("TP>1 is not modelled for GPT-NeoX (its attention derives the head size from hidden_size / "
                     "heads, so a per-rank module cannot be built from a divided config)")
-        if self.family == ArchFamily.TRANSFORMERS:
-            return (f"TP>1 is modelled for the listed families only: which of {self.model_type}'s sizes a rank "
-                    f"divides is not known (DP, ZeRO/FSDP and PP are fine)")
+        if self.family == ArchFamily.TRANSFORMERS and sequence_parallel:
+            return (f"sequence parallelism is modelled for the listed families only: where {self.model_type}'s "
+                    f"layers leave the sequence whole is not known (TP without SP, DP, ZeRO/FSDP and PP are fine)")
         if sequence_parallel and self.builder == Builder.HF and self.layer_types:
             return f"sequence parallelism with {self.family}'s sliding-window layers is not modelled"
         return ""

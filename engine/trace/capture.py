@@ -613,15 +613,21 @@ def trace_config(req: TraceRequest, *, full_warmup_step: bool = False) -> Graph:
     from tp_query.schema.messages import first_line
     from tp_query.schema.model_config import ConfigError
 
+    from .hf_models import UnsupportedSplit
+
     try:
         return _trace_config(req, full_warmup_step)
-    except (TraceError, ConfigError):
+    except (TraceError, ConfigError, UnsupportedSplit):
         raise
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         raise ConfigError(f"{req.spec.model_type}: its step depends on tensor values ({type(e).__name__}: "
                           f"{first_line(e)}), which a trace on fake tensors cannot follow; for this model use "
                           f"`tp-query trace`") from None
     except Exception as e:  # the model type's own module, as transformers builds it from this config
+        if req.tp > 1:
+            raise UnsupportedSplit(f"TP={req.tp}: {req.spec.model_type}'s module fails in a step built from its "
+                                   f"divided config ({type(e).__name__}: {first_line(e)}); its tensor-parallel "
+                                   f"layout is not modelled (use --tp 1)") from None
         raise ConfigError(f"{req.spec.model_type}: transformers' module fails in a training step built from this "
                           f"config ({type(e).__name__}: {first_line(e)}); for this model use `tp-query trace`") from None
 

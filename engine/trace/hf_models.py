@@ -16,6 +16,7 @@ tests/test_trace_families.py checks the TP=1 graphs against transformers' own Ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any, cast
 
@@ -35,7 +36,7 @@ from .models import Shard, TPRegion, _ReduceFromTP, _ScatterSP, causal_lm_loss, 
 
 # Config keys a TP split divides (transformers builds the per-rank module from the divided config).
 _TP_KEYS = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
-            "shared_expert_intermediate_size", "vocab_size")
+            "shared_expert_intermediate_size", "intermediate_size_mlp", "vocab_size")
 # Families whose attention derives head_dim from hidden_size / heads (a divided config cannot keep it).
 _NO_TP = {ArchFamily.GPT_NEOX: "GPT-NeoX derives its head size from hidden_size / heads"}
 
@@ -50,6 +51,18 @@ _ATTN_NAMES = ("self_attn", "attention", "self_attention", "attn")
 def _attn_or_none(layer: nn.Module) -> nn.Module | None:
     return next((cast(nn.Module, getattr(layer, n)) for n in _ATTN_NAMES
                  if isinstance(getattr(layer, n, None), nn.Module)), None)
+
+
+_MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
+
+
+def _mlp_attr(layer: nn.Module) -> nn.Module:
+    mlp = next((cast(nn.Module, getattr(layer, n)) for n in _MLP_NAMES
+                if isinstance(getattr(layer, n, None), nn.Module)), None)
+    if mlp is None:
+        raise ConfigError(f"{type(layer).__name__} has no MLP module ({' / '.join(_MLP_NAMES)}) where decoder "
+                          f"layers keep it; for this model use `tp-query trace`")
+    return mlp
 
 
 def _attn_attr(layer: nn.Module) -> nn.Module:
@@ -139,6 +152,14 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     if shard.tp > 1:
         if spec.family in _NO_TP:
             raise UnsupportedSplit(f"TP>1 is not modelled for {spec.family}: {_NO_TP[spec.family]}")
+        if spec.family == ArchFamily.TRANSFORMERS and "head_dim" not in cfg:
+            # the head size the whole model has, kept when the heads are divided (a model type that derives it
+            # from hidden_size / heads regardless fails the split check: its attention comes out replicated)
+            whole = _config_object(dict(cfg))
+            heads = getattr(whole, "num_attention_heads", None)
+            hd = getattr(whole, "head_dim", None) or (whole.hidden_size // heads if heads else None)
+            if hd:
+                cfg["head_dim"] = int(hd)
         for k in _TP_KEYS:
             if cfg.get(k):
                 if cfg[k] % shard.tp:
@@ -260,6 +281,67 @@ def _check_layer_kinds_built(layers: nn.ModuleList, spec: ModelSpec) -> None:
             mlps.setdefault(mk, shapes)
 
 
+def _check_generic_split(local: nn.Module, spec: ModelSpec, tp: int) -> None:
+    """A model type known only to transformers runs under TP when its divided config builds Megatron's split:
+    the embedding and LM head divided over the vocabulary; in every attention and dense MLP block each matrix
+    divided along one dimension (column- or row-parallel) and none replicated but row-parallel biases; in a
+    routed-expert block only the router and gates replicated besides; norms between the blocks replicated. Anything else (multi-head latent attention's
+    replicated down-projections, sizes under keys the split does not divide, a head size derived from the divided
+    heads) is refused in one line, never priced as if split."""
+    from torch._guards import detect_fake_mode
+
+    whole_cfg = hf_config_for(spec, Shard())
+    # built as the rank's module is (under the trace's fake mode), or on the meta device: no memory either way
+    with contextlib.nullcontext() if detect_fake_mode() is not None else torch.device("meta"):
+        whole = _transformers().AutoModelForCausalLM.from_config(
+            whole_cfg, attn_implementation=attention_implementation(whole_cfg))
+    mt = spec.model_type
+    names = {m: prefix for prefix, m in whole.named_modules()}
+    full = {n: tuple(p.shape) for n, p in whole.named_parameters()}
+    block_of: dict[str, tuple[str, str]] = {}  # parameter -> (its block's module name, block kind)
+    base = whole.base_model if whole.base_model is not whole else getattr(whole, "model", whole)
+    for layer in _find(base, ("layers", "h", "blocks"), "decoder layer list", mt):
+        for mod, kind in ((_attn_attr(layer), "attention"), (_mlp_attr(layer), "MLP")):
+            routed = kind == "MLP" and any("expert" in n for n, _ in mod.named_parameters())
+            for n, _ in mod.named_parameters():
+                block_of[f"{names[mod]}.{n}"] = (names[mod], "routed-expert" if routed else kind)
+    vocab_split = {f"{names[whole.get_input_embeddings()]}.weight", f"{names[whole.get_output_embeddings()]}.weight"}
+    divided: set[str] = set()
+
+    def refuse(what: str) -> UnsupportedSplit:
+        return UnsupportedSplit(f"TP={tp}: {mt}'s {what}; its tensor-parallel layout is not modelled (use --tp 1)")
+
+    for n, p in local.named_parameters():
+        f, s = full.get(n), tuple(p.shape)
+        if f is None or len(f) != len(s):
+            raise refuse(f"divided config builds {n} {list(s)}, not a part of the whole model's")
+        dims = [d for d in range(len(f)) if f[d] != s[d]]
+        split = len(dims) == 1 and f[dims[0]] == s[dims[0]] * tp
+        if dims and not split:
+            raise refuse(f"{n} is {list(s)} per rank against {list(f)} whole, not one dimension divided by {tp}")
+        block, kind = block_of.get(n, ("", ""))
+        if n in vocab_split:
+            if not split:
+                raise refuse(f"{n} is not divided over the vocabulary")
+        elif not block:
+            if split:
+                raise refuse(f"{n}, outside its attention and MLP blocks, comes out divided")
+        elif split:
+            divided.add(block)
+        elif len(s) >= 2 and not n.endswith("bias") and not (kind == "routed-expert" and _is_router(n[len(block) + 1:])):
+            raise refuse(f"{n} {list(f)} stays whole on every rank inside its {kind} block (not a column or row "
+                         f"split)")
+    for block, kind in sorted(set(block_of.values())):
+        if block not in divided:
+            raise refuse(f"{kind} block {block} holds nothing the divided config splits")
+
+
+def _is_router(name: str) -> bool:
+    """A routed block's matrices that stay whole on every rank: its router (`gate` or `router`) and a shared
+    expert's gate, outside the experts."""
+    return name.split(".")[0] in ("gate", "router", "shared_expert_gate")
+
+
 def _find(obj: nn.Module, names: tuple[str, ...], what: str, mt: str) -> Any:
     for n in names:
         if hasattr(obj, n):
@@ -307,6 +389,8 @@ class HFCausalLM(nn.Module):
                               f"model use `tp-query trace`")
         if self.generic:
             _check_layer_kinds_built(self.layers, spec)
+            if shard.tp > 1:
+                _check_generic_split(hf, spec, shard.tp)
         self.hf = hf
         self.base = base
         self.final_softcap = getattr(hf.config, "final_logit_softcapping", None)
@@ -340,9 +424,11 @@ class HFCausalLM(nn.Module):
                 return (region.leave(out[0]), *out[1:])
             return region.leave(out)
 
-        routed = {layer.mlp for layer in self.layers} if self.spec.is_moe else set()
+        # a block of routed experts (its parameters named so by transformers); a dense MLP of an MoE model is not
+        routed = {_mlp_attr(layer) for layer in self.layers
+                  if any("expert" in n for n, _ in _mlp_attr(layer).named_parameters())}
         for layer in self.layers:
-            for block in (_attn_attr(layer), layer.mlp):
+            for block in (_attn_attr(layer), _mlp_attr(layer)):
                 self._hooks.append(block.register_forward_pre_hook(enter_pre, with_kwargs=True))
                 self._hooks.append(block.register_forward_hook(leave_post))
                 if block not in routed:
@@ -369,10 +455,20 @@ class HFCausalLM(nn.Module):
         self._hooks.append(emb.register_forward_pre_hook(emb_pre))
         self._hooks.append(emb.register_forward_hook(emb_post))
 
+        if self.generic:  # the LM head is column-parallel: its input enters the region (backward all-reduce)
+            def head_pre(mod: nn.Module, args: tuple[Any, ...]) -> Any:
+                return (region.enter(args[0], whole=True), *args[1:])
+
+            self._hooks.append(cast(nn.Module, self.head.lm_head).register_forward_pre_hook(head_pre))
+
     # -- forward ----------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.generic:  # the model type's own head and loss (its logit scalings included), as a user's step runs
+        if self.generic and self.shard.tp == 1:  # the model type's own head and loss (its logit scalings
+            # included), as a user's step runs
             return cast(torch.Tensor, self.hf(input_ids=input_ids, labels=labels, use_cache=False).loss)
+        if self.generic:  # its own logits (scalings and softcaps included), the loss over vocab-sharded logits
+            logits = self.hf(input_ids=input_ids, use_cache=False).logits
+            return causal_lm_loss(logits, labels, cast(nn.Linear, self.head.lm_head).out_features, self.shard)
         kw: dict[str, Any] = {}
         if self.region.sp:  # the embedding's output holds seq/TP tokens: positions come from the full sequence
             kw["position_ids"] = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
