@@ -48,7 +48,8 @@ class ArchFamily(StrEnum):
 # (collector/validate.py GENERIC_CASES and BF16_ONLY_CASES; tests/test_trace_generic.py keeps the two in step)
 VALIDATED_MODEL_TYPES = frozenset({"olmo2", "granite", "gemma", "gpt_oss", "starcoder2", "smollm3", "glm4_moe", "dots1",
                                    "olmoe", "deepseek_v2", "deepseek_v3", "llama4_text", "glm4", "exaone4",
-                                   "seed_oss", "apertus", "arcee", "ernie4_5"})
+                                   "seed_oss", "apertus", "arcee", "ernie4_5", "cohere2", "falcon", "olmo3", "phi",
+                                   "stablelm", "ministral3", "granitemoe", "exaone_moe", "helium", "phimoe"})
 
 
 class Builder(StrEnum):
