@@ -305,7 +305,8 @@ def _check_generic_split(local: nn.Module, spec: ModelSpec, tp: int) -> None:
             routed = kind == "MLP" and any("expert" in n for n, _ in mod.named_parameters())
             for n, _ in mod.named_parameters():
                 block_of[f"{names[mod]}.{n}"] = (names[mod], "routed-expert" if routed else kind)
-    vocab_split = {f"{names[whole.get_input_embeddings()]}.weight", f"{names[whole.get_output_embeddings()]}.weight"}
+    head = names[whole.get_output_embeddings()]  # a column-parallel LM head: its bias (Phi-2) is divided too
+    vocab_split = {f"{names[whole.get_input_embeddings()]}.weight", f"{head}.weight", f"{head}.bias"}
     divided: set[str] = set()
 
     def refuse(what: str) -> UnsupportedSplit:
