@@ -209,3 +209,15 @@ def test_generic_tp_that_is_not_a_megatron_split_is_refused_in_one_line() -> Non
              "num_experts_per_tok": 2, "pad_token_id": 1}
     with pytest.raises(UnsupportedSplit, match="divided config"):
         trace_config(TraceRequest(parse_config(olmoe), Setting.BF16, 1, 32, tp=2))
+
+
+def test_generic_tp_divides_a_column_parallel_heads_bias() -> None:
+    """Phi-2's LM head has a bias: column-parallel, it is divided with the vocabulary (not refused as a stray split)."""
+    phi = {**_SMALL, "num_key_value_heads": 4, "architectures": ["PhiForCausalLM"], "model_type": "phi"}
+    spec = parse_config(phi)
+    g1 = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
+    g2 = trace_config(TraceRequest(spec, Setting.BF16, 1, 32, tp=2))
+    w1 = {p.name: p.shape for p in g1.params}
+    w2 = {p.name: p.shape for p in g2.params}
+    bias = next(n for n in w1 if n.endswith("lm_head.bias"))
+    assert w2[bias][0] * 2 == w1[bias][0]
