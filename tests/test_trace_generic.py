@@ -155,6 +155,10 @@ def _ops(g, phase: str) -> Counter:
     return Counter((o.op, o.sig) for o in g.ops if o.phase.value == phase)
 
 
+def _shapes(g) -> dict:
+    return {p.name: p.shape for p in g.params}
+
+
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tensor_parallel_through_the_generic_path_is_the_listed_familys(tp: int) -> None:
     """A model type known only to transformers is split under TP from its divided config, with the collectives
@@ -171,7 +175,7 @@ def test_tensor_parallel_through_the_generic_path_is_the_listed_familys(tp: int)
     for phase in ("fwd", "bwd", "opt"):
         ours, theirs = _ops(b, phase), _ops(a, phase)
         assert ours == theirs, (phase, list((ours - theirs).items())[:3], list((theirs - ours).items())[:3])
-    assert {p.name: p.shape for p in a.params} == {p.name: p.shape for p in b.params}
+    assert _shapes(a) == _shapes(b)
 
 
 def test_generic_tp_divides_heads_ffn_and_vocabulary() -> None:
@@ -179,8 +183,7 @@ def test_generic_tp_divides_heads_ffn_and_vocabulary() -> None:
     spec = parse_config(cfg)
     g1 = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
     g2 = trace_config(TraceRequest(spec, Setting.BF16, 1, 32, tp=2))
-    w1 = {p.name: p.shape for p in g1.params}
-    w2 = {p.name: p.shape for p in g2.params}
+    w1, w2 = _shapes(g1), _shapes(g2)
     assert w1.keys() == w2.keys()
     for n in w1:
         leaf = n.split(".")[-2]
@@ -217,7 +220,6 @@ def test_generic_tp_divides_a_column_parallel_heads_bias() -> None:
     spec = parse_config(phi)
     g1 = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
     g2 = trace_config(TraceRequest(spec, Setting.BF16, 1, 32, tp=2))
-    w1 = {p.name: p.shape for p in g1.params}
-    w2 = {p.name: p.shape for p in g2.params}
+    w1, w2 = _shapes(g1), _shapes(g2)
     bias = next(n for n in w1 if n.endswith("lm_head.bias"))
     assert w2[bias][0] * 2 == w1[bias][0]

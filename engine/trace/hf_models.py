@@ -48,21 +48,37 @@ class UnsupportedSplit(ValueError):
 _ATTN_NAMES = ("self_attn", "attention", "self_attention", "attn")
 
 
+def _child(layer: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
+    return next((cast(nn.Module, getattr(layer, n)) for n in names if isinstance(getattr(layer, n, None), nn.Module)),
+                None)
+
+
 def _attn_or_none(layer: nn.Module) -> nn.Module | None:
-    return next((cast(nn.Module, getattr(layer, n)) for n in _ATTN_NAMES
-                 if isinstance(getattr(layer, n, None), nn.Module)), None)
+    return _child(layer, _ATTN_NAMES)
 
 
 _MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 
 
 def _mlp_attr(layer: nn.Module) -> nn.Module:
-    mlp = next((cast(nn.Module, getattr(layer, n)) for n in _MLP_NAMES
-                if isinstance(getattr(layer, n, None), nn.Module)), None)
+    mlp = _child(layer, _MLP_NAMES)
     if mlp is None:
         raise ConfigError(f"{type(layer).__name__} has no MLP module ({' / '.join(_MLP_NAMES)}) where decoder "
                           f"layers keep it; for this model use `tp-query trace`")
     return mlp
+
+
+def _holds_experts(mod: nn.Module) -> bool:
+    """A block (or layer) of routed experts: transformers names routed and shared experts so."""
+    return any("expert" in n for n, _ in mod.named_parameters())
+
+
+def _base_and_layers(hf: Any, mt: str) -> tuple[Any, Any]:
+    """transformers' decoder stack of a CausalLM and its layer list."""
+    base = hf.base_model
+    if base is hf and isinstance(getattr(hf, "model", None), nn.Module):  # a prefix naming no submodule (Llama-4)
+        base = hf.model
+    return base, _find(base, ("layers", "h", "blocks"), "decoder layer list", mt)
 
 
 def _attn_attr(layer: nn.Module) -> nn.Module:
@@ -271,7 +287,7 @@ def _check_layer_kinds_built(layers: nn.ModuleList, spec: ModelSpec) -> None:
                               f"model use `tp-query trace`")
         if spec.mlp_layer_types:
             mk = spec.mlp_layer_types[i]
-            experts = any("expert" in n for n, _ in shapes)  # transformers names routed (and shared) experts so
+            experts = _holds_experts(layer)
             if mk in ("dense", "sparse") and experts != (mk == "sparse"):
                 raise ConfigError(f"{spec.model_type}: layer {i} of the traced cut is {'sparse' if experts else 'dense'}"
                                   f", the config reads {mk}; for this model use `tp-query trace`")
@@ -284,10 +300,10 @@ def _check_layer_kinds_built(layers: nn.ModuleList, spec: ModelSpec) -> None:
 def _check_generic_split(local: nn.Module, spec: ModelSpec, tp: int) -> None:
     """A model type known only to transformers runs under TP when its divided config builds Megatron's split:
     the embedding and LM head divided over the vocabulary; in every attention and dense MLP block each matrix
-    divided along one dimension (column- or row-parallel) and none replicated but row-parallel biases; in a
-    routed-expert block only the router and gates replicated besides; norms between the blocks replicated. Anything else (multi-head latent attention's
-    replicated down-projections, sizes under keys the split does not divide, a head size derived from the divided
-    heads) is refused in one line, never priced as if split."""
+    divided along one dimension (column- or row-parallel), none whole but row-parallel biases; in a routed-expert
+    block the router and gates whole besides; norms between the blocks whole. Anything else (multi-head latent
+    attention's whole down-projections, sizes under keys the split does not divide, a head size derived from the
+    divided heads) is refused in one line, never priced as if split."""
     from torch._guards import detect_fake_mode
 
     whole_cfg = hf_config_for(spec, Shard())
@@ -299,10 +315,9 @@ def _check_generic_split(local: nn.Module, spec: ModelSpec, tp: int) -> None:
     names = {m: prefix for prefix, m in whole.named_modules()}
     full = {n: tuple(p.shape) for n, p in whole.named_parameters()}
     block_of: dict[str, tuple[str, str]] = {}  # parameter -> (its block's module name, block kind)
-    base = whole.base_model if whole.base_model is not whole else getattr(whole, "model", whole)
-    for layer in _find(base, ("layers", "h", "blocks"), "decoder layer list", mt):
+    for layer in _base_and_layers(whole, mt)[1]:
         for mod, kind in ((_attn_attr(layer), "attention"), (_mlp_attr(layer), "MLP")):
-            routed = kind == "MLP" and any("expert" in n for n, _ in mod.named_parameters())
+            routed = kind == "MLP" and _holds_experts(mod)
             for n, _ in mod.named_parameters():
                 block_of[f"{names[mod]}.{n}"] = (names[mod], "routed-expert" if routed else kind)
     head = names[whole.get_output_embeddings()]  # a column-parallel LM head: its bias (Phi-2) is divided too
@@ -329,7 +344,8 @@ def _check_generic_split(local: nn.Module, spec: ModelSpec, tp: int) -> None:
                 raise refuse(f"{n}, outside its attention and MLP blocks, comes out divided")
         elif split:
             divided.add(block)
-        elif len(s) >= 2 and not n.endswith("bias") and not (kind == "routed-expert" and _is_router(n[len(block) + 1:])):
+        elif len(s) >= 2 and not n.endswith("bias") and not (kind == "routed-expert"
+                                                             and _is_router(n[len(block) + 1:])):
             raise refuse(f"{n} {list(f)} stays whole on every rank inside its {kind} block (not a column or row "
                          f"split)")
     for block, kind in sorted(set(block_of.values())):
@@ -375,13 +391,11 @@ class HFCausalLM(nn.Module):
         except Exception as e:  # a model type's own construction checks, in one line
             raise ConfigError(f"transformers cannot build {spec.model_type!r} for causal-LM training: "
                               f"{first_line(e)}") from None
-        base = hf.base_model
-        if base is hf and isinstance(getattr(hf, "model", None), nn.Module):  # a prefix naming no submodule (Llama-4)
-            base = hf.model
         mt = spec.model_type
-        self.embed = _Section()
+        base, layers = _base_and_layers(hf, mt)
+        self.embed = _Section()  # registered before the layers: the parameters' order is the model's
         self.embed.embed_tokens = base.get_input_embeddings()
-        self.layers = _find(base, ("layers", "h", "blocks"), "decoder layer list", mt)
+        self.layers = layers
         self.head = _Section()
         self.head.norm = _find(base, ("norm", "final_layer_norm", "final_layernorm", "ln_f"), "final norm", mt)
         self.head.lm_head = hf.get_output_embeddings()
@@ -426,8 +440,7 @@ class HFCausalLM(nn.Module):
             return region.leave(out)
 
         # a block of routed experts (its parameters named so by transformers); a dense MLP of an MoE model is not
-        routed = {_mlp_attr(layer) for layer in self.layers
-                  if any("expert" in n for n, _ in _mlp_attr(layer).named_parameters())}
+        routed = {mlp for mlp in map(_mlp_attr, self.layers) if _holds_experts(mlp)}
         for layer in self.layers:
             for block in (_attn_attr(layer), _mlp_attr(layer)):
                 self._hooks.append(block.register_forward_pre_hook(enter_pre, with_kwargs=True))
