@@ -414,14 +414,17 @@ class Composer:
             ddp_dp = par.dp if par.zero == 0 and par.framework == "torch" else 1
             pipelined = par.framework == "torch" and par.pp > 1 and par.micro_batches > 1
             accumulates = par.micro_batches > 1 and par.zero < 2
-            key = (self.param_key, first, last, n, start, shards, accumulates, ddp_dp,
+            # what the lists depend on: the stage's layer kinds in order, not which layers they are (a
+            # stage of 2 uniform layers is the same work wherever it sits)
+            kinds = tuple(self.template_for(i) for i in range(start, start + n)) if self.is_layered else ()
+            key = (self.param_key, first, last, kinds, shards, accumulates, ddp_dp,
                    par.ddp_bucket_view, expert_shards, par.framework, par.dp if par.framework == "megatron" else 0,
                    par.ep > 1, pipelined)
             cached = self._stage_cache.get(key)
             if cached is None:
                 # each piece once per what it depends on: a search over DP re-uses the parameter list, the
                 # optimizer step (unless ZeRO shards it) and the gradient accumulation
-                base = (self.param_key, first, last, n, start)
+                base = (self.param_key, first, last, kinds)
                 params = self._sub(("params", *base), functools.partial(self.stage_params, first, last, n, start))
                 opt = self._sub(("opt", *base, shards, expert_shards),
                                 functools.partial(self.optimizer_items, params, shards, expert_shards))
@@ -439,6 +442,11 @@ class Composer:
                           self._sub(("mean_layer", *base), functools.partial(mean_layer_bytes, params)))
                 self._stage_cache[key] = cached
             params, opt, accum, ddp, numel, nbytes, layer_bytes = cached
+            if self.is_layered and params and start != next((p.layer for p in params if p.section == Section.LAYER),
+                                                            start):
+                # the same work as a stage of the same kinds elsewhere; its own parameters named by its layers
+                params = self._sub(("named", self.param_key, first, last, n, start),
+                                   functools.partial(self.stage_params, first, last, n, start))
             out.append(StageWork(s, first, last, n, fwd_parts, bwd_parts, opt, accum, ddp, params, self, numel,
                                  nbytes, layer_bytes, self.stage_mix(start, n) if par.pp > 1 else None))
         return out

@@ -561,6 +561,13 @@ def pipeline_time(fwd_us: list[float], bwd_us: list[float], pp: int, m: int, sch
     free and its input has arrived; the order comes from `_schedule_order`."""
     if pp <= 1:
         return m * (fwd_us[0] + bwd_us[0])
+    return _pipeline_time(tuple(fwd_us), tuple(bwd_us), pp, m, schedule, p2p_us)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pipeline_time(fwd_us: tuple[float, ...], bwd_us: tuple[float, ...], pp: int, m: int, schedule: PipeSchedule,
+                   p2p_us: float) -> float:
+    """pipeline_time, once per distinct input (a search's ZeRO variants of one split share their stage times)."""
     costs = [*fwd_us, *bwd_us]
     clock = [0.0] * pp
     end: list[float] = []

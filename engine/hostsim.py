@@ -95,3 +95,58 @@ def simulate(gpu_us: np.ndarray, host_us: np.ndarray, sync: np.ndarray) -> SimRe
         gpu_end = float(ends[-1])
         cpu = float(c[-1])
     return SimResult(max(gpu_end, cpu), float(gpu_us.sum()))
+
+
+# -- the same simulation as a map: a stage of n identical layers without replaying them ---------------------------
+# Within a stretch without synchronisation the end state (host clock c, GPU end g) is max-plus linear in the start
+# state: c' = c + H, g' = max(g + G, c + M), with H the stretch's host time, G its GPU time and
+# M = max_k (H_k - G_{k-1}) + G (the max-plus scan of `simulate`); a sync makes c' = max(c, g). So a run of
+# operators is a 2 x 2 max-plus matrix, a concatenation is their product and n copies of a layer its n-th power:
+# the result equals `simulate` on the concatenated arrays (to float rounding).
+
+NEG = float("-inf")
+HostMap = tuple[float, float, float, float]  # (c<-c, c<-g, g<-c, g<-g)
+IDENTITY: HostMap = (0.0, NEG, NEG, 0.0)
+_SYNC: HostMap = (0.0, 0.0, NEG, 0.0)
+
+
+def compose(b: HostMap, a: HostMap) -> HostMap:
+    """The map of `a` followed by `b`."""
+    return (max(b[0] + a[0], b[1] + a[2]), max(b[0] + a[1], b[1] + a[3]),
+            max(b[2] + a[0], b[3] + a[2]), max(b[2] + a[1], b[3] + a[3]))
+
+
+def power(a: HostMap, n: int) -> HostMap:
+    out, sq = IDENTITY, a
+    while n > 0:
+        if n & 1:
+            out = compose(sq, out)
+        n >>= 1
+        if n:
+            sq = compose(sq, sq)
+    return out
+
+
+def host_map(gpu_us: np.ndarray, host_us: np.ndarray, sync: np.ndarray) -> HostMap:
+    """The map of a run of operators (the stretches between synchronising operators, as `simulate` cuts them)."""
+    n = len(gpu_us)
+    if n == 0:
+        return IDENTITY
+    bounds = [0, *[int(c) for c in np.flatnonzero(sync) if c > 0], n]
+    out = IDENTITY
+    for a, b in itertools.pairwise(bounds):
+        if a >= b:
+            continue
+        if sync[a]:
+            out = compose(_SYNC, out)
+        g = gpu_us[a:b]
+        h = np.cumsum(host_us[a:b])
+        G = np.cumsum(g)
+        m = float(np.max(h - (G - g))) + float(G[-1])
+        out = compose((float(h[-1]), NEG, m, float(G[-1])), out)
+    return out
+
+
+def elapsed_us(m: HostMap) -> float:
+    """The end of host and GPU work from an empty queue (both clocks at 0)."""
+    return max(m[0], m[1], m[2], m[3])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,7 +41,17 @@ from .framework import (
 )
 from .graph import Graph, Phase, Section, is_graph_json
 from .graphcache import TRACE_VERSION, cache_dir, graph_for, trace_fields
-from .hostsim import CalibrationError, HostModel, simulate
+from .hostsim import (
+    IDENTITY,
+    CalibrationError,
+    HostMap,
+    HostModel,
+    compose,
+    elapsed_us,
+    host_map,
+    power,
+    simulate,
+)
 from .lookup import LatencyModel, Query, Source
 from .memory import logits_spec, stage_memory
 from .parallel import ParallelConfig, PlanError
@@ -107,6 +117,7 @@ class Engine:
                                                                 Source]]] = {}
         self.segment_flops: dict[int, float] = {}
         self.dp_overheads: dict[tuple[Any, ...], float] = {}
+        self.section_summaries: dict[tuple[Any, ...], _SectionSummary] = {}
 
     def graph(self, req: PredictRequest) -> Graph:
         """The traced graph of a request, kept in memory (search asks for the same ones often)."""
@@ -199,6 +210,39 @@ class Engine:
         return _Assemble(self, req, g, comp, stages, par, with_ops, host_machine)
 
 
+@dataclass(frozen=True)
+class _SectionSummary:
+    """A section's operators under one host model: its two-queue map and its sums (us)."""
+
+    map: HostMap
+    gpu_us: float
+    host_us: float
+    compute_us: float  # GPU time outside collectives
+    tp_comm_us: float
+    ep_comm_us: float
+    src: np.ndarray  # GPU time per source (exact, interpolated, ...)
+
+
+class _StageRaw(dict[str, Any]):
+    """A stage's costed operators; the concatenated forward and backward segments only when asked (the
+    per-operator table): the timing composes the sections."""
+
+    def __init__(self, cache: SegmentCache, st: StageWork, **parts: Any) -> None:
+        super().__init__(**parts)
+        self._cache, self._st = cache, st
+
+    def __missing__(self, key: str) -> Segment:
+        st = self._st
+        if key == "fwd":
+            v = self._cache.stage(Phase.FWD, st.fwd_parts, st.layer_mix)
+        elif key == "bwd":
+            v = self._cache.stage(Phase.BWD, st.bwd_parts, st.layer_mix)
+        else:
+            raise KeyError(key)
+        self[key] = v
+        return v
+
+
 class _Assemble:
     """A prediction's raw material (per stage: operator arrays) and its evaluation under a host model."""
 
@@ -211,14 +255,14 @@ class _Assemble:
         self.raw = []
         self._use_host_instance(eng.framework_on(host_machine))
         for st in stages:
-            self.raw.append({
-                "sections": {(ph, sec): cache.section(ph, sec, st.layer_mix) for ph, parts in
-                             ((Phase.FWD, st.fwd_parts), (Phase.BWD, st.bwd_parts)) for sec, _ in parts},
-                "fwd": cache.stage(Phase.FWD, st.fwd_parts, st.layer_mix),
-                "bwd": cache.stage(Phase.BWD, st.bwd_parts, st.layer_mix),
-                "opt": cache.items_segment(st.ddp, st.opt, "opt"),
-                "accum": cache.items_segment(st.accum, None, "accum"),
-                "ddp": cache.items_segment(st.ddp, None, "ddp")})
+            self.raw.append(_StageRaw(
+                cache, st, sections={(ph, sec): cache.section(ph, sec, st.layer_mix) for ph, parts in
+                                     ((Phase.FWD, st.fwd_parts), (Phase.BWD, st.bwd_parts)) for sec, _ in parts},
+                fwd_parts=cache.stage_parts(Phase.FWD, st.fwd_parts, st.layer_mix),
+                bwd_parts=cache.stage_parts(Phase.BWD, st.bwd_parts, st.layer_mix),
+                opt=cache.items_segment(st.ddp, st.opt, "opt"),
+                accum=cache.items_segment(st.accum, None, "accum"),
+                ddp=cache.items_segment(st.ddp, None, "ddp")))
 
     # -- framework ----------------------------------------------------------------------------
     def _host_setting(self) -> str:
@@ -259,42 +303,75 @@ class _Assemble:
     # -- evaluation ---------------------------------------------------------------------------
     def _stage_times(self, raw: dict[str, Any], host: HostModel, extra: tuple[float, float, float]
                      ) -> dict[str, Any]:
-        key = (*(id(raw[k]) for k in ("fwd", "bwd", "opt", "accum", "ddp")), host, extra)
-        hit = self.eng.stage_times.get(key)
+        """The forward/backward part keyed apart from the optimizer, gradient accumulation and DDP parts: a
+        search's DP and ZeRO variants of one stage share it."""
+        fb_key = (*((id(p), n) for p, n in raw["fwd_parts"]), None, *((id(p), n) for p, n in raw["bwd_parts"]),
+                  host, extra[0], extra[1])
+        fb = self.eng.stage_times.get(fb_key)
+        if fb is None:
+            fb = self.eng.stage_times[fb_key] = self._fb_times(raw, host, extra)
+        key = (*(id(raw[k]) for k in ("opt", "accum", "ddp")), host, extra[2])
+        rest = self.eng.stage_times.get(key)
+        if rest is None:
+            rest = self.eng.stage_times[key] = self._rest_times(raw, host, extra)
+        out = {**fb, **rest}
+        out["src"] = {**fb["src"], **rest["src"]}
+        return out
+
+    def _section_summary(self, seg: Segment, host: HostModel, delta_us: float) -> _SectionSummary:
+        """One section's host/GPU map and sums under a host model, each operator's host cost raised by
+        delta_us (a framework's extra host cost spread over the stage's operators)."""
+        key = (id(seg), host, delta_us)
+        hit = self.eng.section_summaries.get(key)
         if hit is None:
-            hit = self.eng.stage_times[key] = self._compute_stage_times(raw, host, extra)
+            g, h = seg.times(host)
+            if delta_us:
+                h = h + delta_us
+            comm, ep = seg.is_comm, seg.ep_mask()
+            hit = self.eng.section_summaries[key] = _SectionSummary(
+                host_map(g, h, seg.sync), float(g.sum()), float(h.sum()), float(g[~comm].sum()),
+                float(g[comm & ~ep].sum()), float(g[ep].sum()),
+                np.bincount(seg.src, weights=g, minlength=len(SOURCES)))
         return hit
 
-    def _compute_stage_times(self, raw: dict[str, Any], host: HostModel, extra: tuple[float, float, float]
-                             ) -> dict[str, Any]:
-        gf, hf = raw["fwd"].times(host)
-        gb, hb = raw["bwd"].times(host)
-        if extra[0] and len(hf):
-            hf = hf + extra[0] / len(hf)
-        if extra[1] and len(hb):
-            hb = hb + extra[1] / len(hb)
-        fb = simulate(np.concatenate([gf, gb]), np.concatenate([hf, hb]),
-                      np.concatenate([raw["fwd"].sync, raw["bwd"].sync]))
-        share_f = (gf.sum() + hf.sum() + 1e-9) / (gf.sum() + gb.sum() + hf.sum() + hb.sum() + 1e-9)
+    def _fb_times(self, raw: dict[str, Any], host: HostModel, extra: tuple[float, float, float]
+                  ) -> dict[str, Any]:
+        """A stage's forward and backward of one micro-batch through the two-queue model: its sections' maps
+        composed (n layers: the layer's map to the n-th power), equal to simulating the concatenated operators."""
+        m = IDENTITY
+        sums: dict[str, list[Any]] = {}
+        for ph, ex in (("fwd", extra[0]), ("bwd", extra[1])):
+            parts = raw[f"{ph}_parts"]
+            n_ops = sum(len(p.cold) * n for p, n in parts)
+            delta = ex / n_ops if ex and n_ops else 0.0
+            acc: list[Any] = [0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(len(SOURCES))]
+            for p, n in parts:
+                s = self._section_summary(p, host, delta)
+                m = compose(power(s.map, n), m)
+                for i, v in enumerate((s.gpu_us, s.host_us, s.compute_us, s.tp_comm_us, s.ep_comm_us, s.src)):
+                    acc[i] = acc[i] + n * v
+            sums[ph] = acc
+        f, b = sums["fwd"], sums["bwd"]
+        elapsed = elapsed_us(m)
+        share_f = (f[0] + f[1] + 1e-9) / (f[0] + b[0] + f[1] + b[1] + 1e-9)
+        sections = {k: float(seg.times(host)[0].sum()) for k, seg in raw["sections"].items()}
+        return {"src": {"fwd": f[5], "bwd": b[5]}, "sections": sections, "fb_gpu_us": float(f[0] + b[0]),
+                "fwd_us": elapsed * share_f, "bwd_us": elapsed * (1 - share_f),
+                "fwd_gpu_us": float(f[2]), "bwd_gpu_us": float(b[2]),
+                "tp_comm_us": float(f[3] + b[3]), "ep_comm_us": float(f[4] + b[4])}
+
+    def _rest_times(self, raw: dict[str, Any], host: HostModel, extra: tuple[float, float, float]
+                    ) -> dict[str, Any]:
         go, ho = raw["opt"].times(host)
         if extra[2] and len(ho):
             ho = ho + extra[2] / len(ho)
         so = simulate(go, ho, raw["opt"].sync)
         ga, _ = raw["accum"].times(host)
         gd, _ = raw["ddp"].times(host)
-        src = {}
-        for name, g in (("fwd", gf), ("bwd", gb), ("opt", go), ("accum", ga), ("ddp", gd)):
-            src[name] = np.bincount(raw[name].src, weights=g, minlength=len(SOURCES))
-        sections = {k: float(seg.times(host)[0].sum()) for k, seg in raw["sections"].items()}
-        return {"src": src,  # type: ignore[dict-item]
-            "sections": sections, "fb_gpu_us": float(gf.sum() + gb.sum()),
-            "fwd_us": fb.elapsed_us * share_f, "bwd_us": fb.elapsed_us * (1 - share_f),
-            "fwd_gpu_us": float(gf[~raw["fwd"].is_comm].sum()), "bwd_gpu_us": float(gb[~raw["bwd"].is_comm].sum()),
-            "tp_comm_us": float(gf[raw["fwd"].is_comm & ~raw["fwd"].ep_mask()].sum()
-                                + gb[raw["bwd"].is_comm & ~raw["bwd"].ep_mask()].sum()),
-            "ep_comm_us": float(gf[raw["fwd"].ep_mask()].sum() + gb[raw["bwd"].ep_mask()].sum()),
-            "opt_us": so.elapsed_us, "opt_gpu_us": so.gpu_us, "accum_us": float(ga.sum()), "ddp_us": float(gd.sum()),
-        }
+        src = {name: np.bincount(raw[name].src, weights=g, minlength=len(SOURCES))
+               for name, g in (("opt", go), ("accum", ga), ("ddp", gd))}
+        return {"src": src, "opt_us": so.elapsed_us, "opt_gpu_us": so.gpu_us, "accum_us": float(ga.sum()),
+                "ddp_us": float(gd.sum())}
 
     def evaluate(self, host: HostModel) -> tuple[float, dict[str, float], list[dict[str, float]], int]:
         """Iteration time (us), breakdown (ms), per-stage times and the critical stage."""
@@ -511,7 +588,8 @@ class _Assemble:
         hw = 0.0
         for raw in self.raw:  # each DP replica and TP rank runs its stage's shard
             seg = cast(dict[str, Segment], raw)
-            per = m * (self._seg_flops(seg["fwd"]) + self._seg_flops(seg["bwd"])) + self._seg_flops(seg["opt"])
+            per = m * sum(self._seg_flops(p) * n for ph in ("fwd_parts", "bwd_parts") for p, n in raw[ph]) \
+                + self._seg_flops(seg["opt"])
             per += max(m - 1, 0) * self._seg_flops(seg["accum"])
             hw += per * par.dp * par.tp
         secs = total_us / 1e6

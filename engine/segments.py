@@ -113,6 +113,11 @@ class SegmentCache:
             self._stages[k] = Segment.concat([(self.section(phase, sec, mix), n) for sec, n in parts])
         return self._stages[k]
 
+    def stage_parts(self, phase: Phase, parts: list[tuple[Section, int]],
+                    mix: tuple[tuple[int, int], ...] | None = None) -> list[tuple[Segment, int]]:
+        """A stage's sections and how often each repeats (what `stage` concatenates), empty ones left out."""
+        return [(seg, n) for sec, n in parts if n > 0 and len((seg := self.section(phase, sec, mix)).cold)]
+
     def section(self, phase: Phase, sec: Section, mix: tuple[tuple[int, int], ...] | None = None) -> Segment:
         k = (phase, sec, mix if sec == Section.LAYER else None)
         if k not in self._sections:
