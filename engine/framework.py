@@ -265,13 +265,18 @@ class FrameworkData:
 # a two-stream timeline
 # ---------------------------------------------------------------------------------------------
 
-@dataclass
 class _Task:
-    stream: str  # "compute" | "comm"
-    us: float
-    deps: list[int]
-    slow: tuple[float, float] = (1.0, 1.0)  # comm tasks: (compute, comm) slowdown while both run
-    end: float = -1.0
+    __slots__ = ("deps", "end", "slow", "stream", "us")
+
+    def __init__(self, stream: int, us: float, deps: list[int], slow: tuple[float, float]) -> None:
+        self.stream = stream  # 0 compute, 1 comm
+        self.us = us
+        self.deps = deps
+        self.slow = slow  # comm tasks: (compute, comm) slowdown while both run
+        self.end = -1.0
+
+
+_STREAMS = {"compute": 0, "comm": 1}
 
 
 class Timeline:
@@ -284,7 +289,8 @@ class Timeline:
 
     def add(self, stream: str, us: float, deps: list[int | None] | None = None,
             slow: tuple[float, float] = (1.0, 1.0)) -> int:
-        self.tasks.append(_Task(stream, max(us, 0.0), [d for d in deps or [] if d is not None], slow))
+        self.tasks.append(_Task(_STREAMS[stream], us if us > 0.0 else 0.0,
+                                [d for d in deps if d is not None] if deps else [], slow))
         return len(self.tasks) - 1
 
     def comm(self, inter: Interference, collective: str, nbytes: float, us: float,
@@ -293,45 +299,49 @@ class Timeline:
 
     def run(self) -> tuple[float, float]:
         """(end of the compute stream, end of everything) in us."""
-        queues = {st: [i for i, t in enumerate(self.tasks) if t.stream == st] for st in ("compute", "comm")}
-        head = {"compute": 0, "comm": 0}
-        running: dict[str, tuple[int, float]] = {}  # stream -> (task, remaining us of work)
-        now = 0.0
-        ends = {"compute": 0.0, "comm": 0.0}
-        for t in self.tasks:
+        tasks = self.tasks
+        for t in tasks:
             t.end = -1.0
+        queues = ([i for i, t in enumerate(tasks) if t.stream == 0], [i for i, t in enumerate(tasks) if t.stream == 1])
+        head = [0, 0]
+        running = [-1, -1]  # per stream: the task it runs (-1: idle) and its remaining us of work
+        rem = [0.0, 0.0]
+        now = 0.0
+        ends = [0.0, 0.0]
         while True:
-            for st, q in queues.items():  # start what can start
-                while st not in running and head[st] < len(q):
-                    t = self.tasks[q[head[st]]]
-                    if any(self.tasks[d].end < 0 for d in t.deps):
+            for st in (0, 1):  # start what can start
+                q = queues[st]
+                while running[st] < 0 and head[st] < len(q):
+                    t = tasks[q[head[st]]]
+                    if any(tasks[d].end < 0 for d in t.deps):
                         break
                     if t.us <= 0:
                         t.end = now
                         head[st] += 1
                         continue
-                    running[st] = (q[head[st]], t.us)
+                    running[st] = q[head[st]]
+                    rem[st] = t.us
                     head[st] += 1
-            if not running:
+            on = [st for st in (0, 1) if running[st] >= 0]
+            if not on:
                 break
-            rate = {st: 1.0 for st in running}
-            if len(running) == 2:
-                c_slow, m_slow = self.tasks[running["comm"][0]].slow
-                rate = {"compute": 1.0 / c_slow, "comm": 1.0 / m_slow}
-            dt = min(rem / rate[st] for st, (_, rem) in running.items())
+            rate = [1.0, 1.0]
+            if len(on) == 2:
+                c_slow, m_slow = tasks[running[1]].slow
+                rate = [1.0 / c_slow, 1.0 / m_slow]
+            dt = min(rem[st] / rate[st] for st in on)
             now += dt
-            for st in list(running):
-                i, rem = running[st]
-                rem -= dt * rate[st]
-                if rem <= 1e-9:
-                    self.tasks[i].end = now
+            for st in on:
+                r = rem[st] - dt * rate[st]
+                if r <= 1e-9:
+                    tasks[running[st]].end = now
                     ends[st] = now
-                    del running[st]
+                    running[st] = -1
                 else:
-                    running[st] = (i, rem)
-        if any(t.end < 0 for t in self.tasks):
+                    rem[st] = r
+        if any(t.end < 0 for t in tasks):
             raise RuntimeError("timeline deadlock: a dependency on a task issued later on the same stream")
-        return ends["compute"], max(ends["compute"], ends["comm"])
+        return ends[0], max(ends[0], ends[1])
 
 
 # ---------------------------------------------------------------------------------------------

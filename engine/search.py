@@ -180,13 +180,13 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
     eval_time = 0.0
     for i, (c, req) in enumerate(zip(valid, reqs, strict=True)):
         try:
-            engine.graph(req)  # trace (once per graph key) outside the timed evaluation
+            g = engine.graph(req)  # trace (once per graph key) outside the timed evaluation
         except PredictError as e:
             rejected.append(Outcome(c, None, None, None, False, str(e)))
             continue
         try:
             te = time.perf_counter()
-            p: Prediction = engine.predict(req)
+            p: Prediction = engine.predict(req, graph=g)
             eval_time += time.perf_counter() - te
         except PredictError as e:
             rejected.append(Outcome(c, None, None, None, False, str(e)))

@@ -13,9 +13,11 @@ caching allocator rounds them (512 bytes).
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
+import marshal
 import math
 import os
 import re
@@ -24,6 +26,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tp_query.schema.model_config import ArchFamily, Builder, ModelSpec
 
 from .graph import Graph, GraphMeta, MemoryProfile, OpRecord, ParamRecord, Phase, Section, memory_profile_from
@@ -89,7 +92,8 @@ def round_alloc(n: int) -> int:
 
 # A slot's form: ("m", c, d, exps) integer c * prod(x^e) + d; ("l", ((c, exps), ...)) a sum of monomials (memory
 # totals, within the allocator's rounding);
-# ("f", value) a float constant; ("p", c, var, power) a float c * x^power.
+# ("f", value) a float constant; ("p", c, var, power) a float c * x^power (power -1/4: sqrt(x ** -0.5), the factor
+# PyTorch's math attention multiplies q and k by, computed as it computes it).
 Form = tuple[Any, ...]
 
 
@@ -123,6 +127,8 @@ def eval_form(f: Form, dims: dict[str, int], cache: dict[tuple[int, ...], int | 
     if kind == "f":
         return float(f[1])
     if kind == "p":
+        if f[3] == -0.25:  # ATen's math attention scales q and k by sqrt(scale); the model's scale is hd ** -0.5
+            return float(f[1]) * math.sqrt(float(dims[f[2]]) ** -0.5)
         return float(f[1]) * float(dims[f[2]]) ** float(f[3])
     raise ValueError(f"unknown template form {kind!r}")
 
@@ -174,14 +180,14 @@ class GraphTemplate:
         """The graph at `dims` (meta.model set to `model`), or None outside the template's domain."""
         if not self.covers(dims):
             return None
-        cache: dict[tuple[int, ...], int | Fraction] = {}
-        vals: list[int | float] = []
-        for f in self.forms:
-            v = eval_form(f, dims, cache)
-            if v is None:
-                return None
-            vals.append(v)
+        vals = self._plan.evaluate(self.forms, dims)
+        if vals is None:
+            return None
         return graph_from_numbers(self.skeleton, vals, model, self.key, self.traces)
+
+    @functools.cached_property
+    def _plan(self) -> _Plan:
+        return _Plan(self.forms)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": TEMPLATE_FORMAT, "key": self.key, "ones": list(self.ones),
@@ -207,7 +213,102 @@ class GraphTemplate:
 
     @staticmethod
     def load(path: Path) -> GraphTemplate:
-        return GraphTemplate.from_json(json.loads(gzip.decompress(path.read_bytes())))
+        """A template file, through its compiled copy in the user's cache (marshal: 5-10x faster than parsing the
+        JSON; named by the file's hash, so an edited or replaced file is compiled again)."""
+        raw = path.read_bytes()
+        compiled = compiled_dir() / f"{path.name.split('.')[0]}-{hashlib.blake2b(raw, digest_size=12).hexdigest()}.m"
+        try:
+            body = marshal.loads(compiled.read_bytes())
+            if isinstance(body, tuple) and len(body) == 9 and body[0] == _COMPILED_FORMAT:
+                return GraphTemplate._from_compiled(body)
+        except (OSError, ValueError, EOFError, TypeError, IndexError, KeyError):
+            pass
+        t = GraphTemplate.from_json(json.loads(gzip.decompress(raw)))
+        try:
+            compiled.parent.mkdir(parents=True, exist_ok=True)
+            tmp = compiled.with_name(f".{compiled.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(marshal.dumps(t._compiled()))
+            os.replace(tmp, compiled)
+        except (OSError, ValueError):
+            pass
+        return t
+
+    def _compiled(self) -> tuple[Any, ...]:
+        """The template as marshal-able builtins: Fractions as (numerator, denominator) with their places listed."""
+        forms: list[Any] = []
+        fractions: list[tuple[int, int]] = []
+        for i, f in enumerate(self.forms):
+            if f[0] == "m" and (type(f[1]) is Fraction or type(f[2]) is Fraction):
+                fractions.append((i, 0))
+                f = (f[0], _frac_out(f[1]), _frac_out(f[2]), f[3])
+            elif f[0] == "l" and any(type(c) is Fraction for c, _ in f[1]):
+                fractions.append((i, 1))
+                f = (f[0], tuple((_frac_out(c), e) for c, e in f[1]))
+            forms.append(f)
+        return (_COMPILED_FORMAT, self.key, self.ones, tuple((k, a, b) for k, (a, b) in self.box.items()),
+                self.skeleton, tuple(forms), tuple(fractions), self.traces, self.torch_version)
+
+    @staticmethod
+    def _from_compiled(body: tuple[Any, ...]) -> GraphTemplate:
+        _, key, ones, box, skeleton, forms, fractions, traces, torch_version = body
+        forms = list(forms)
+        for i, kind in fractions:
+            f = forms[i]
+            forms[i] = (f[0], _frac_in(f[1]), _frac_in(f[2]), f[3]) if kind == 0 else \
+                (f[0], tuple((_frac_in(c), e) for c, e in f[1]))
+        return GraphTemplate(key=key, ones=tuple(ones), box={k: (a, b) for k, a, b in box}, skeleton=skeleton,
+                             forms=tuple(forms), traces=traces, torch_version=torch_version)
+
+
+_COMPILED_FORMAT = "tp-query-template-compiled/1"
+
+
+def _frac_out(x: int | Fraction) -> int | tuple[int, int]:
+    return (x.numerator, x.denominator) if isinstance(x, Fraction) else x
+
+
+def _frac_in(x: int | tuple[int, int] | list[int]) -> int | Fraction:
+    return exact_int(Fraction(x[0], x[1])) if isinstance(x, tuple | list) else x
+
+
+class _Plan:
+    """A template's integer slots c * prod(x^e) + d evaluated at once (int64, guarded against overflow); the
+    others (sums of monomials, floats, non-integer monomials) one by one, as `eval_form`."""
+
+    def __init__(self, forms: tuple[Form, ...]) -> None:
+        exps: dict[tuple[int, ...], int] = {}
+        idx, cs, ds, at = [], [], [], []
+        for i, f in enumerate(forms):
+            if f[0] == "m" and type(f[1]) is int and type(f[2]) is int and abs(f[1]) < 2**31 and abs(f[2]) < 2**61:
+                at.append(i)
+                idx.append(exps.setdefault(f[3], len(exps)))
+                cs.append(f[1])
+                ds.append(f[2])
+        self.exps = list(exps)
+        self.at = np.array(at, dtype=np.int64)
+        self.idx = np.array(idx, dtype=np.int64)
+        self.c = np.array(cs, dtype=np.int64)
+        self.d = np.array(ds, dtype=np.int64)
+        fast = set(at)
+        self.rest = [i for i in range(len(forms)) if i not in fast]
+
+    def evaluate(self, forms: tuple[Form, ...], dims: dict[str, int]) -> list[int | float] | None:
+        cache: dict[tuple[int, ...], int | Fraction] = {}
+        monos = [_mono(dims, e, cache) for e in self.exps]
+        vals: list[Any] = [0] * len(forms)
+        if monos and all(type(m) is int and m < 2**31 for m in monos):
+            v = self.c * np.array(monos, dtype=np.int64)[self.idx] + self.d  # |c|, mono < 2^31: no overflow
+            for i, x in zip(self.at.tolist(), v.tolist(), strict=True):
+                vals[i] = x
+            rest = self.rest
+        else:
+            rest = list(range(len(forms)))
+        for i in rest:
+            x = eval_form(forms[i], dims, cache)
+            if x is None:
+                return None
+            vals[i] = x
+        return vals
 
 
 def _form_json(f: Form) -> list[Any]:
@@ -370,6 +471,10 @@ def shipped_dir() -> Path:
 
 def user_dir() -> Path:
     return Path(os.environ.get("TP_QUERY_CACHE", Path.home() / ".cache" / "tp-query")) / "templates"
+
+
+def compiled_dir() -> Path:
+    return Path(os.environ.get("TP_QUERY_CACHE", Path.home() / ".cache" / "tp-query")) / "templates-compiled"
 
 
 _LOADED: dict[str, GraphTemplate | None] = {}

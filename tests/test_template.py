@@ -137,11 +137,13 @@ def test_prediction_from_the_template_equals_the_traced_one(spec: ModelSpec, tpl
     assert not (graph_for(req).meta.extra or {}).get("template")
 
 
-@pytest.mark.parametrize("setting, tp, sp", [
-    (Setting.MP_BF16, 1, False), (Setting.MP_BF16, 2, True), (Setting.MP_FP16, 2, False),
-    (Setting.FP8_TENSORWISE, 1, False), (Setting.FP8_ROWWISE, 1, False),
+@pytest.mark.parametrize("setting, tp, sp, hd", [
+    (Setting.MP_BF16, 1, False, 64), (Setting.MP_BF16, 2, True, 64), (Setting.MP_FP16, 2, False, 64),
+    (Setting.FP8_TENSORWISE, 1, False, 64), (Setting.FP8_ROWWISE, 1, False, 64),
+    # fp32/tf32: PyTorch's math attention for grouped heads (its q/k scale sqrt(hd ** -0.5), a float slot)
+    (Setting.FP32, 1, False, 96), (Setting.TF32, 2, True, 80), (Setting.TF32, 2, False, 112),
 ])
-def test_shipped_templates_equal_real_traces(setting: Setting, tp: int, sp: bool) -> None:
+def test_shipped_templates_equal_real_traces(setting: Setting, tp: int, sp: bool, hd: int) -> None:
     """The shipped templates of the search's other precisions (FSDP2's MixedPrecisionPolicy recipes, torchao
     float8 at TP=1) at dimensions none of their builds traced: the same graph as a real trace."""
     import json
@@ -149,7 +151,7 @@ def test_shipped_templates_equal_real_traces(setting: Setting, tp: int, sp: bool
     if setting.value.startswith("fp8"):
         pytest.importorskip("torchao", reason="the fp8 settings trace torchao's float8 training")
     base = json.loads((Path(__file__).resolve().parents[1] / "examples" / "llama3.1-8b.json").read_text())
-    cfg = {**base, "hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64,
+    cfg = {**base, "hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": hd,
            "intermediate_size": 3072, "vocab_size": 32002}
     spec = parse_config(cfg, "cut")
     par = ParallelConfig(dp=2, tp=tp, micro_batch=2, sequence_parallel=sp)
@@ -163,3 +165,27 @@ def test_shipped_templates_equal_real_traces(setting: Setting, tp: int, sp: bool
     assert g is not None
     real = trace_config(TraceRequest(spec, setting, par.micro_batch, req.seq_len, tp, sp, False, "adamw"))
     _same(g, real)
+
+
+def test_compiled_copy_and_vectorised_evaluation_equal_the_json_template(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shipped template loaded through its compiled (marshal) copy is the template the JSON file holds, and the
+    vectorised slot evaluation gives every number eval_form gives, at dimensions across its box (a slot that
+    is no integer there refuses both)."""
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path))
+    path = sorted(template.shipped_dir().glob("*.json.gz"))[0]
+    first = template.GraphTemplate.load(path)  # parses the JSON, writes the compiled copy
+    assert list((tmp_path / "templates-compiled").iterdir())
+    again = template.GraphTemplate.load(path)  # from the compiled copy
+    assert again == first
+    lo = {k: a for k, (a, _) in first.box.items()}
+    hi = {k: b for k, (_, b) in first.box.items()}
+    for dims in (lo, hi, {k: (lo[k] + hi[k]) // 2 for k in lo}, {k: max(lo[k], min(hi[k], 3)) for k in lo}):
+        dims = {k: (1 if k in first.ones else v) for k, v in {**dict.fromkeys(template.DIMS, 1), **dims}.items()}
+        cache: dict[tuple[int, ...], object] = {}
+        want = [template.eval_form(f, dims, cache) for f in first.forms]  # type: ignore[arg-type]
+        got = first._plan.evaluate(first.forms, dims)
+        if any(v is None for v in want):
+            assert got is None
+        else:
+            assert got == want and [type(v) for v in got] == [type(v) for v in want]

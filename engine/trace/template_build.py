@@ -48,8 +48,9 @@ def build_points(ones: tuple[str, ...]) -> list[dict[str, int]]:
             pts.append({**base, k: x})
     for c in CHECKS:
         p = {k: (1 if k in ones else v) for k, v in c.items()}
-        if p["kl"] == 1:
-            p["g"] = max(p["g"], 2)  # one query head per rank would be one more size-1 dimension
+        for k in DIMS:  # a checking point lies in the template's own class: a size-1 dimension is another class
+            if k not in ones and p[k] == 1:
+                p[k] = 2  # (one query head per KV head is multi-head attention: fp32 SDPA dispatches it apart)
         pts.append(p)
     return pts
 
@@ -121,7 +122,7 @@ def _fit_float(points: list[dict[str, int]], ys: list[float]) -> Form | None:
     if all(v == ys[0] for v in ys):
         return ("f", ys[0])
     for k in DIMS:
-        for pw in (-0.5, -1.0, 0.5, 1.0):
+        for pw in (-0.5, -1.0, 0.5, 1.0, -0.25):
             c = ys[0] / float(points[0][k]) ** pw
             for cc in (c, round(c, 12)):
                 f = ("p", cc, k, pw)
