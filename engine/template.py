@@ -153,9 +153,18 @@ def _render(chunks: list[str], vals: list[int | float]) -> str:
     """The text with its numbers written as json.dumps writes them (str of an int, repr of a finite float)."""
     out = [chunks[0]]
     for v, c in zip(vals, chunks[1:], strict=True):
-        out.append(str(v) if type(v) is int or math.isfinite(v) else json.dumps(v))
+        out.append(_number_text(v))
         out.append(c)
     return "".join(out)
+
+
+def _number_text(v: int | float) -> str:
+    return str(v) if type(v) is int or math.isfinite(v) else json.dumps(v)
+
+
+def op_formats(skel: dict[str, Any]) -> tuple[str, ...]:
+    """Each operator's text as a %-format with one %s per number (what `_render` writes, at C speed)."""
+    return tuple("%s".join(c.replace("%", "%%") for c in o[1]) for o in skel["ops"])
 
 
 @dataclass(frozen=True)
@@ -183,11 +192,15 @@ class GraphTemplate:
         vals = self._plan.evaluate(self.forms, dims)
         if vals is None:
             return None
-        return graph_from_numbers(self.skeleton, vals, model, self.key, self.traces)
+        return graph_from_numbers(self.skeleton, vals, model, self.key, self.traces, self._formats)
 
     @functools.cached_property
     def _plan(self) -> _Plan:
         return _Plan(self.forms)
+
+    @functools.cached_property
+    def _formats(self) -> tuple[str, ...]:
+        return op_formats(self.skeleton)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": TEMPLATE_FORMAT, "key": self.key, "ones": list(self.ones),
@@ -272,14 +285,14 @@ def _frac_in(x: int | tuple[int, int] | list[int]) -> int | Fraction:
 
 
 class _Plan:
-    """A template's integer slots c * prod(x^e) + d evaluated at once (int64, guarded against overflow); the
-    others (sums of monomials, floats, non-integer monomials) one by one, as `eval_form`."""
+    """A template's integer slots c * prod(x^e) + d evaluated at once (int64 where the value cannot overflow); the
+    others (sums of monomials, floats, non-integer or huge monomials) one by one, as `eval_form`."""
 
     def __init__(self, forms: tuple[Form, ...]) -> None:
         exps: dict[tuple[int, ...], int] = {}
         idx, cs, ds, at = [], [], [], []
         for i, f in enumerate(forms):
-            if f[0] == "m" and type(f[1]) is int and type(f[2]) is int and abs(f[1]) < 2**31 and abs(f[2]) < 2**61:
+            if f[0] == "m" and type(f[1]) is int and type(f[2]) is int and abs(f[1]) < 2**52 and abs(f[2]) < 2**52:
                 at.append(i)
                 idx.append(exps.setdefault(f[3], len(exps)))
                 cs.append(f[1])
@@ -289,6 +302,7 @@ class _Plan:
         self.idx = np.array(idx, dtype=np.int64)
         self.c = np.array(cs, dtype=np.int64)
         self.d = np.array(ds, dtype=np.int64)
+        self.bound = np.abs(self.c).astype(np.float64), np.abs(self.d).astype(np.float64)
         fast = set(at)
         self.rest = [i for i in range(len(forms)) if i not in fast]
 
@@ -296,13 +310,16 @@ class _Plan:
         cache: dict[tuple[int, ...], int | Fraction] = {}
         monos = [_mono(dims, e, cache) for e in self.exps]
         vals: list[Any] = [0] * len(forms)
-        if monos and all(type(m) is int and m < 2**31 for m in monos):
-            v = self.c * np.array(monos, dtype=np.int64)[self.idx] + self.d  # |c|, mono < 2^31: no overflow
-            for i, x in zip(self.at.tolist(), v.tolist(), strict=True):
+        rest = list(self.rest)
+        if monos:
+            whole = np.array([type(m) is int and m < 2**52 for m in monos])
+            m_i = np.array([m if w else 0 for m, w in zip(monos, whole, strict=True)], dtype=np.int64)
+            # |c| * mono + |d| below 2^62 (in float64, whose rounding is far below that margin): no int64 overflow
+            ok = whole[self.idx] & (self.bound[0] * m_i.astype(np.float64)[self.idx] + self.bound[1] < 2.0**62)
+            v = self.c[ok] * m_i[self.idx[ok]] + self.d[ok]
+            for i, x in zip(self.at[ok].tolist(), v.tolist(), strict=True):
                 vals[i] = x
-            rest = self.rest
-        else:
-            rest = list(range(len(forms)))
+            rest += self.at[~ok].tolist()
         for i in rest:
             x = eval_form(forms[i], dims, cache)
             if x is None:
@@ -429,19 +446,28 @@ def replay_memory(events: list[list[Any]], parts: list[int], transients: list[in
 
 
 def graph_from_numbers(skel: dict[str, Any], vals: list[int | float], model: dict[str, Any], key: str,
-                       traces: int) -> Graph:
+                       traces: int, formats: tuple[str, ...] | None = None) -> Graph:
     sections, phases = {s.value: s for s in Section}, {p.value: p for p in Phase}
     i = 0
     ops = []
     parts: list[int] = []
-    for op, chunks, ph, sec, layer, n_parts in skel["ops"]:
+    fmts = formats if formats is not None else op_formats(skel)
+    texts = list(map(str, vals))  # str of an int and of a finite float is what json.dumps writes
+    for j, v in enumerate(vals):
+        if type(v) is float and not math.isfinite(v):
+            texts[j] = json.dumps(v)
+    for (op, chunks, ph, sec, layer, n_parts), fmt in zip(skel["ops"], fmts, strict=True):
         n = len(chunks) - 1
-        sig = _render(chunks, vals[i:i + n])
+        sig = fmt % tuple(texts[i:i + n])
         i += n
-        pa = [int(v) for v in vals[i:i + n_parts]]
-        parts.extend(pa)
-        i += n_parts
-        ops.append(OpRecord(op, sig, phases[ph], sections[sec], layer, sum(round_alloc(v) for v in pa)))
+        if n_parts:
+            pa = [int(v) for v in vals[i:i + n_parts]]
+            parts.extend(pa)
+            i += n_parts
+            alloc = sum(round_alloc(v) for v in pa)
+        else:
+            alloc = 0
+        ops.append(OpRecord(op, sig, phases[ph], sections[sec], layer, alloc))
     params = []
     for name, rank, dtype, sec, layer in skel["params"]:
         params.append(ParamRecord(name, tuple(int(v) for v in vals[i:i + rank]), dtype, sections[sec], layer))
