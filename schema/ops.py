@@ -78,6 +78,8 @@ def _gemm_alignment(f: dict[str, Any]) -> dict[str, Any]:
     the aligned time, 179-184 us; any leading dimension at 4095/4097 takes 890-1450 us): a token count
     that is no multiple of 8, as MoE routing gives each expert, keeps the fast kernels."""
     lay = str(f.get("layout") or "").split(":")[0]
+    if lay.endswith("/ua"):  # a padded operand's pitch, not its dimensions, is what is misaligned
+        return {"aligned": False}
     names = _LEADING_DIMS.get(lay, ("m", "n", "k"))
     return {"aligned": all((f.get(d) or 0) % 8 == 0 for d in names)}
 
@@ -251,8 +253,26 @@ def _is_colmajor(t: TensorSpec) -> bool:
     return s[-2] == 1 and s[-1] >= max(t.shape[-2], 1)
 
 
+def _padded_pitch(t: TensorSpec) -> bool:
+    """A GEMM operand read as a view whose row pitch is padded to no 16-byte multiple (the probabilities of an
+    attention with sinks: rows of seq + 1 scores, the last one dropped), or that starts off a 16-byte boundary:
+    cuBLAS falls back to its unaligned kernels (H200, bf16 [64, 4096, 4096] x [64, 4096, 64] at pitch 4097: 1.9x
+    the contiguous time). A contiguous or plainly transposed operand keeps its dimensions' alignment (`aligned`)."""
+    if t.strides is None or len(t.shape) < 2:
+        return False
+    s, it = t.strides, t.dtype.itemsize
+    if s[-1] == 1:
+        pitch, plain = s[-2], t.shape[-1]
+    elif s[-2] == 1:
+        pitch, plain = s[-1], t.shape[-2]
+    else:
+        return False
+    return (pitch != plain and (pitch * it) % 16 != 0) or (t.offset * it) % 16 != 0
+
+
 def _layout(a: TensorSpec, b: TensorSpec) -> str:
-    return ("t" if _is_colmajor(a) else "n") + ("t" if _is_colmajor(b) else "n")
+    lay = ("t" if _is_colmajor(a) else "n") + ("t" if _is_colmajor(b) else "n")
+    return lay + "/ua" if _padded_pitch(a) or _padded_pitch(b) else lay
 
 
 def _gemm_bytes(c: OpCall, f: Features) -> float:

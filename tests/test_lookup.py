@@ -299,3 +299,30 @@ def test_attention_seed_scalars_do_not_split_a_category() -> None:
     e = LatencyModel(FakeDb(rows), H200).estimate([q])[q.key]
     assert e.source == Source.INTERPOLATED
     assert e.cold_us == pytest.approx(1e-4 * 16 * 2896 ** 2 / 1024, rel=0.02)
+
+
+def test_a_padded_view_is_its_own_gemm_category() -> None:
+    """Attention with sinks reads its probabilities as a view of rows of seq + 1 scores: an odd row pitch, which
+    cuBLAS runs on its unaligned kernels. Its layout says so (`/ua`, unaligned); a contiguous or plainly transposed
+    operand of the same shape keeps the layout its dimensions give, and an odd-vocabulary GEMM keeps its dimension
+    rule (no `/ua`: its pitch is its own dimension)."""
+    p = TensorSpec((64, 4096, 4096), DType.BF16, (4096 * 4097, 4097, 1))
+    v = TensorSpec((64, 4096, 64), DType.BF16)
+    padded = describe(OpCall("aten.bmm.default", (p, v)), False)
+    plain = describe(OpCall("aten.bmm.default", (TensorSpec((64, 4096, 4096), DType.BF16), v)), False)
+    pt = TensorSpec((64, 4096, 4096), DType.BF16, (4096 * 4097, 1, 4097))  # its transpose (the backward's dV)
+    padded_t = describe(OpCall("aten.bmm.default", (pt, TensorSpec((64, 4096, 64), DType.BF16))), False)
+    transposed = describe(OpCall("aten.bmm.default", (TensorSpec((64, 4096, 4096), DType.BF16, (4096 * 4096, 1, 4096)),
+                                                      v)), False)
+    assert padded.features["layout"] == "nn/ua" and plain.features["layout"] == "nn"
+    assert padded_t.features["layout"] == "tn/ua" and transposed.features["layout"] == "tn"
+    from tp_query.schema.ops import FAMILIES, Family
+
+    spec = FAMILIES[Family.GEMM]
+    assert spec.exact_key(padded.features) != spec.exact_key(plain.features)
+    vocab = describe(gemm_layout_call(4096, 50257, 768, "nt", DType.BF16), False)
+    assert "/ua" not in vocab.features["layout"]
+    lm = LatencyModel(table(power_law_us, GRID), H200)  # aligned points only: a padded query is held, and said so
+    q = Query("padded", "aten.mm.default", describe(OpCall("aten.mm.default", (
+        TensorSpec((2048, 2048), DType.BF16, (2049, 1)), TensorSpec((2048, 2048), DType.BF16))), False))
+    assert lm.estimate([q])["padded"].source == Source.EXTRAPOLATED
