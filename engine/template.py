@@ -21,6 +21,7 @@ import marshal
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -229,7 +230,9 @@ class GraphTemplate:
         """A template file, through its compiled copy in the user's cache (marshal: 5-10x faster than parsing the
         JSON; named by the file's hash, so an edited or replaced file is compiled again)."""
         raw = path.read_bytes()
-        compiled = compiled_dir() / f"{path.name.split('.')[0]}-{hashlib.blake2b(raw, digest_size=12).hexdigest()}.m"
+        # marshal's format is the running Python's: a cache shared by two Pythons keeps one copy for each
+        py = f"py{sys.version_info[0]}{sys.version_info[1]}"
+        compiled = compiled_dir() / f"{path.name.split('.')[0]}-{hashlib.blake2b(raw, digest_size=12).hexdigest()}-{py}.m"
         try:
             body = marshal.loads(compiled.read_bytes())
             if isinstance(body, tuple) and len(body) == 9 and body[0] == _COMPILED_FORMAT:
