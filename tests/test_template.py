@@ -178,6 +178,9 @@ def test_compiled_copy_and_vectorised_evaluation_equal_the_json_template(tmp_pat
     assert list((tmp_path / "templates-compiled").iterdir())
     again = template.GraphTemplate.load(path)  # from the compiled copy
     assert again == first
+    for copy in (tmp_path / "templates-compiled").iterdir():  # a damaged copy is ignored and written again
+        copy.write_bytes(b"\x00garbage")
+    assert template.GraphTemplate.load(path) == first
     lo = {k: a for k, (a, _) in first.box.items()}
     hi = {k: b for k, (_, b) in first.box.items()}
     for dims in (lo, hi, {k: (lo[k] + hi[k]) // 2 for k in lo}, {k: max(lo[k], min(hi[k], 3)) for k in lo}):
