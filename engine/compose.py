@@ -420,12 +420,15 @@ class Composer:
             key = (self.param_key, first, last, kinds, shards, accumulates, ddp_dp,
                    par.ddp_bucket_view, expert_shards, par.framework, par.dp if par.framework == "megatron" else 0,
                    par.ep > 1, pipelined)
+            # the stage's own parameters, named by its layers; the work built from them is the same for any
+            # stage of the same kinds
+            params = self._sub(("params", self.param_key, first, last, n, start),
+                               functools.partial(self.stage_params, first, last, n, start))
             cached = self._stage_cache.get(key)
             if cached is None:
                 # each piece once per what it depends on: a search over DP re-uses the parameter list, the
                 # optimizer step (unless ZeRO shards it) and the gradient accumulation
                 base = (self.param_key, first, last, kinds)
-                params = self._sub(("params", *base), functools.partial(self.stage_params, first, last, n, start))
                 opt = self._sub(("opt", *base, shards, expert_shards),
                                 functools.partial(self.optimizer_items, params, shards, expert_shards))
                 accum = self._sub(("accum", *base), functools.partial(self.accumulate_items, params)) \
@@ -437,16 +440,11 @@ class Composer:
                         self.megatron_grad_scaling, params, par.dp, par.ep > 1))
                 if pipelined:
                     ddp = ddp + self._sub(("pp_scale", *base), functools.partial(self.pipelining_grad_scaling, params))
-                cached = (params, opt, accum, ddp, sum(p.numel for p in params),
+                cached = (opt, accum, ddp, sum(p.numel for p in params),
                           sum(p.numel * DType(p.dtype).itemsize for p in params),
                           self._sub(("mean_layer", *base), functools.partial(mean_layer_bytes, params)))
                 self._stage_cache[key] = cached
-            params, opt, accum, ddp, numel, nbytes, layer_bytes = cached
-            if self.is_layered and params and start != next((p.layer for p in params if p.section == Section.LAYER),
-                                                            start):
-                # the same work as a stage of the same kinds elsewhere; its own parameters named by its layers
-                params = self._sub(("named", self.param_key, first, last, n, start),
-                                   functools.partial(self.stage_params, first, last, n, start))
+            opt, accum, ddp, numel, nbytes, layer_bytes = cached
             out.append(StageWork(s, first, last, n, fwd_parts, bwd_parts, opt, accum, ddp, params, self, numel,
                                  nbytes, layer_bytes, self.stage_mix(start, n) if par.pp > 1 else None))
         return out

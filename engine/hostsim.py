@@ -70,21 +70,22 @@ class SimResult:
         return max(self.elapsed_us - self.gpu_us, 0.0)
 
 
+def _stretches(sync: np.ndarray) -> list[tuple[int, int]]:
+    """The runs of operators between synchronising ones: each starts at a sync (or at 0) and ends before the next."""
+    bounds = [0, *[int(c) for c in np.flatnonzero(sync) if c > 0], len(sync)]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if a < b]
+
+
 def simulate(gpu_us: np.ndarray, host_us: np.ndarray, sync: np.ndarray) -> SimResult:
     """Elapsed time from an empty queue to the end of both host and GPU work.
 
     Within a stretch without synchronisation, with G the cumulative GPU time and C the host issue
     times, the GPU finishes op i at G_i + max(start, max_j<=i (C_j - G_{j-1})) (a max-plus scan)."""
-    n = len(gpu_us)
-    if n == 0:
+    if len(gpu_us) == 0:
         return SimResult(0.0, 0.0)
-    cuts = np.flatnonzero(sync)
-    bounds = [0, *[int(c) for c in cuts if c > 0], n]
     cpu = 0.0
     gpu_end = 0.0
-    for a, b in itertools.pairwise(bounds):
-        if a >= b:
-            continue
+    for a, b in _stretches(sync):
         if sync[a]:
             cpu = max(cpu, gpu_end)
         g = gpu_us[a:b]
@@ -129,14 +130,8 @@ def power(a: HostMap, n: int) -> HostMap:
 
 def host_map(gpu_us: np.ndarray, host_us: np.ndarray, sync: np.ndarray) -> HostMap:
     """The map of a run of operators (the stretches between synchronising operators, as `simulate` cuts them)."""
-    n = len(gpu_us)
-    if n == 0:
-        return IDENTITY
-    bounds = [0, *[int(c) for c in np.flatnonzero(sync) if c > 0], n]
     out = IDENTITY
-    for a, b in itertools.pairwise(bounds):
-        if a >= b:
-            continue
+    for a, b in _stretches(sync):
         if sync[a]:
             out = compose(_SYNC, out)
         g = gpu_us[a:b]

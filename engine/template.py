@@ -151,21 +151,26 @@ def split_numbers(text: str) -> tuple[list[str], list[int | float]]:
 
 
 def _render(chunks: list[str], vals: list[int | float]) -> str:
-    """The text with its numbers written as json.dumps writes them (str of an int, repr of a finite float)."""
-    out = [chunks[0]]
-    for v, c in zip(vals, chunks[1:], strict=True):
-        out.append(_number_text(v))
-        out.append(c)
-    return "".join(out)
+    """The text with its numbers written as json.dumps writes them (what instantiation writes, one operator)."""
+    return _op_format(chunks) % tuple(_number_texts(vals))
 
 
-def _number_text(v: int | float) -> str:
-    return str(v) if type(v) is int or math.isfinite(v) else json.dumps(v)
+def _number_texts(vals: list[int | float]) -> list[str]:
+    """Numbers as json.dumps writes them: str of an int and of a finite float, NaN and Infinity otherwise."""
+    texts = list(map(str, vals))
+    for j, v in enumerate(vals):
+        if type(v) is float and not math.isfinite(v):
+            texts[j] = json.dumps(v)
+    return texts
+
+
+def _op_format(chunks: list[str]) -> str:
+    """An operator's text as a %-format with one %s per number (rendered at C speed)."""
+    return "%s".join(c.replace("%", "%%") for c in chunks)
 
 
 def op_formats(skel: dict[str, Any]) -> tuple[str, ...]:
-    """Each operator's text as a %-format with one %s per number (what `_render` writes, at C speed)."""
-    return tuple("%s".join(c.replace("%", "%%") for c in o[1]) for o in skel["ops"])
+    return tuple(_op_format(o[1]) for o in skel["ops"])
 
 
 @dataclass(frozen=True)
@@ -455,10 +460,7 @@ def graph_from_numbers(skel: dict[str, Any], vals: list[int | float], model: dic
     ops = []
     parts: list[int] = []
     fmts = formats if formats is not None else op_formats(skel)
-    texts = list(map(str, vals))  # str of an int and of a finite float is what json.dumps writes
-    for j, v in enumerate(vals):
-        if type(v) is float and not math.isfinite(v):
-            texts[j] = json.dumps(v)
+    texts = _number_texts(vals)
     for (op, chunks, ph, sec, layer, n_parts), fmt in zip(skel["ops"], fmts, strict=True):
         n = len(chunks) - 1
         sig = fmt % tuple(texts[i:i + n])
