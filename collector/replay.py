@@ -66,6 +66,10 @@ def build(call: OpCall, device: torch.device, operands: Operands = Operands.RAND
         return _attention_backward(call, device)
     op = resolve_op(call.op)
     args, kwargs = materialize(call, device)
+    if not any(True for _ in call.tensors()) and call.kwarg("device") is None:
+        # a factory: the trace does not record its device (the model's own), and without one torch would
+        # build it on the host, timing an idle GPU (every factory row before collector 0.2.0)
+        kwargs["device"] = device
     if kind.input_rule == InputRule.GROUP_OFFSETS:
         args, kwargs = _with_balanced_offsets(args, kwargs, device)
     if operands == Operands.NAN:

@@ -1076,6 +1076,49 @@ def elementwise_pattern(c: OpCall) -> str:
 
 LIST_INPUT_OPS = {"aten.cat.default", "aten.stack.default"}
 
+# Operators whose output size is an argument, not an input's: factories (no tensor input at all), new_* (the
+# tensor lends only dtype and device) and backward operators that scatter a gradient into zeros of the forward
+# input's size (a slice_backward of an empty gradient still writes its whole output). Value: the size argument.
+SIZE_ARG_OPS: dict[str, int] = {
+    "aten.zeros.default": 0, "aten.ones.default": 0, "aten.full.default": 0, "aten.rand.default": 0,
+    "aten.randn.default": 0, "aten.new_zeros.default": 1, "aten.new_ones.default": 1, "aten.new_full.default": 1,
+    "aten.slice_backward.default": 1, "aten.select_backward.default": 1, "aten.diagonal_backward.default": 1,
+}
+ARANGE_OPS = ("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+
+
+def _int_list(v: Any) -> list[int] | None:
+    if isinstance(v, list | tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return [int(x) for x in v]
+    return None
+
+
+def output_numel(c: OpCall) -> int | None:
+    """Elements the call writes where its arguments, not its inputs' sizes, say so; None elsewhere."""
+    i = SIZE_ARG_OPS.get(c.op)
+    if i is not None:
+        size = _int_list(c.args[i]) if i < len(c.args) else None
+        if size is not None:
+            n = 1
+            for d in size:
+                n *= max(d, 0)
+            return n
+    if c.op in ARANGE_OPS:
+        nums = [a for a in c.args if isinstance(a, int | float) and not isinstance(a, bool)]
+        start, end, step = ((0, nums[0], 1) if c.op == ARANGE_OPS[0] else
+                            (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)) if nums else (0, 0, 1)
+        return max(-(-(end - start) // step), 0) if step else 0
+    if c.op == "aten.scalar_tensor.default":
+        return 1
+    if c.op == "aten.repeat.default" and c.args and isinstance(c.args[0], TensorSpec):
+        reps = _int_list(c.args[1]) if len(c.args) > 1 else None
+        if reps is not None:
+            n = c.args[0].numel
+            for r in reps:
+                n *= max(r, 0)
+            return n
+    return None
+
 
 def _elementwise_features(c: OpCall) -> Features:
     ts = c.device_tensors()
@@ -1083,13 +1126,19 @@ def _elementwise_features(c: OpCall) -> Features:
         numel = sum(t.numel for t in ts)
     else:
         numel = max((t.numel for t in ts), default=0)
+    out = output_numel(c)
+    if out is not None:
+        numel = max(numel, out)
     return {"numel": numel, "pattern": elementwise_pattern(c)}
 
 
 def _elementwise_bytes(c: OpCall, f: Features) -> float:
     ts = c.device_tensors()
     reads = sum(t.nbytes for t in ts)
+    # a factory without a dtype makes torch's default: float32, int64 for an arange of integers
     out_item = max((t.dtype.itemsize for t in ts), default=4)
+    if not ts and c.op in ARANGE_OPS and all(isinstance(a, int) for a in c.args):
+        out_item = 8
     target = c.kwarg("dtype")
     if isinstance(target, Scalar) and target.tag == "dtype":
         out_item = DType(target.value).itemsize
@@ -1128,6 +1177,16 @@ def _cat2(n: int, dt: DType) -> OpCall:
     rows = max(n // 128, 1)
     half = _t((rows, 64), dt)
     return OpCall("aten.cat.default", ([half, half], -1))
+
+
+def _factory(op: str, *extra: Any) -> Callable[[int, DType], OpCall]:
+    return lambda n, dt: OpCall(op, ([n], *extra), (("dtype", Scalar("dtype", str(dt))),))
+
+
+def _slice_backward(n: int, dt: DType) -> OpCall:
+    """Half the columns' gradient into zeros of the whole: rotary's rotate_half backward."""
+    rows = max(n // 128, 1)
+    return OpCall("aten.slice_backward.default", (_t((rows, 64), dt), [rows, 128], 1, 64, 2 ** 63 - 1, 1))
 
 
 def _reduce_last(op: str) -> Callable[[int, DType], OpCall]:
@@ -1170,9 +1229,21 @@ ELEMENTWISE_GRID: dict[str, Callable[[int, DType], OpCall]] = {
     "mul_mixed": lambda n, dt: OpCall("aten.mul.Tensor", (_t((n,), dt), _t((n,), DType.FP32))),
     "add_mixed": lambda n, dt: OpCall("aten.add.Tensor", (_t((n,), DType.FP32), _t((n,), dt))),
     "safe_softmax": lambda n, dt: OpCall("aten._safe_softmax.default", (_t((max(n // 2048, 1), 2048), dt), -1)),
+    "zeros": _factory("aten.zeros.default"),
+    "ones": _factory("aten.ones.default"),
+    "full": _factory("aten.full.default", 0.0),
+    "new_zeros": lambda n, dt: OpCall("aten.new_zeros.default", (_t((1,), dt), [n]), (("dtype", Scalar("dtype", str(dt))),)),
+    "slice_backward": _slice_backward,
     "to_fp32": _cast(DType.FP32),
     "to_fp16": _cast(DType.FP16),
     "to_bf16": _cast(DType.BF16),
+}
+
+
+# Calls whose dtype is no float precision's (masks, positions): swept once, with the fp32 grid.
+UNTYPED_GRID: dict[str, Callable[[int], OpCall]] = {
+    "ones_bool": lambda n: _factory("aten.ones.default")(n, DType.BOOL),
+    "arange": lambda n: OpCall("aten.arange.default", (n,)),
 }
 
 
@@ -1186,6 +1257,11 @@ def _elementwise_grid(p: Precision) -> Iterable[OpCall]:
         for n in ELEMENTWISE_NUMEL:
             if n >= 4096:
                 yield build(n, dt)
+    if p == Precision.FP32:
+        for untyped in UNTYPED_GRID.values():
+            for n in ELEMENTWISE_NUMEL:
+                if n >= 4096:
+                    yield untyped(n)
 
 
 REGISTRY.register(OpKind("elementwise", ("aten.add.Tensor",), Family.ELEMENTWISE, _elementwise_features,

@@ -16,7 +16,7 @@ import pyarrow as pa
 from .ops import FEATURE_COLUMNS
 
 SCHEMA_VERSION = 1
-COLLECTOR_VERSION = "0.1.0"
+COLLECTOR_VERSION = "0.2.0"  # 0.2.0: factories replayed on the device
 METADATA_KEY = b"tp_query"
 
 
