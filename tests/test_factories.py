@@ -1,0 +1,122 @@
+"""Calls whose output size is an argument (factories, new_*, slice_backward): their features follow that size,
+the collector replays them on its device, and rows that timed them on the host are never read. Plus the
+guard that caught the bug: every row of the shipped database carries the features its signature derives."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tp_query.schema import manifest
+from tp_query.schema.ops import FEATURE_COLUMNS, FAMILIES, Operands, describe, with_operands
+from tp_query.schema.precision import DType
+from tp_query.schema.signature import OpCall, Scalar, TensorSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _dtype(d: str) -> tuple[tuple[str, Scalar], ...]:
+    return (("dtype", Scalar("dtype", d)),)
+
+
+@pytest.mark.parametrize(("call", "numel", "nbytes"), [
+    (OpCall("aten.zeros.default", ([1, 64, 4096, 4097],), _dtype("fp32")), 64 * 4096 * 4097, 4 * 64 * 4096 * 4097),
+    (OpCall("aten.ones.default", ([4096, 4096],), _dtype("bool")), 4096 ** 2, 4096 ** 2),
+    (OpCall("aten.full.default", ([], 0.0), _dtype("fp32")), 1, 4),
+    (OpCall("aten.arange.default", (4096,)), 4096, 8 * 4096),
+    (OpCall("aten.arange.start", (10, 4106)), 4096, 8 * 4096),
+    (OpCall("aten.arange.start_step", (0, 4096, 3)), 1366, 8 * 1366),
+    (OpCall("aten.scalar_tensor.default", (float("-inf"),), _dtype("fp32")), 1, 4),
+    # new_zeros reads nothing of its tensor but is costed with it (2 x 2048 fp32 read, 2048 x 8 written)
+    (OpCall("aten.new_zeros.default", (TensorSpec((2048, 2), DType.FP32), [2048, 8])), 2048 * 8,
+     4 * (2048 * 2 + 2048 * 8)),
+    # an empty gradient still writes the whole input size
+    (OpCall("aten.slice_backward.default", (TensorSpec((4096, 1, 4, 0), DType.BF16), [4096, 1, 4, 128], 3, 128,
+                                            2 ** 63 - 1, 1)), 4096 * 4 * 128, 2 * 4096 * 4 * 128),
+    (OpCall("aten.slice_backward.default", (TensorSpec((8, 64), DType.BF16), [8, 128], 1, 64, 2 ** 63 - 1, 1)),
+     8 * 128, 2 * (8 * 64 + 8 * 128)),
+    (OpCall("aten.repeat.default", (TensorSpec((4, 8), DType.FP32), [3, 2])), 4 * 8 * 6, 4 * (32 + 192)),
+])
+def test_output_size_arguments_set_the_work(call: OpCall, numel: int, nbytes: int) -> None:
+    info = describe(call, False)
+    assert info.features["numel"] == numel
+    assert info.bytes == nbytes
+
+
+def test_a_factory_replays_on_the_collectors_device() -> None:
+    torch = pytest.importorskip("torch")
+    from tp_query.collector import replay
+
+    meta = torch.device("meta")
+    out = replay.build(OpCall("aten.zeros.default", ([64, 8],), _dtype("bf16")), meta)()
+    assert out.device == meta and tuple(out.shape) == (64, 8) and out.dtype == torch.bfloat16
+    out = replay.build(OpCall("aten.arange.default", (100,)), meta)()
+    assert out.device == meta and out.shape == (100,)
+
+
+def test_host_timed_factory_rows_are_not_read(cpu_db: Path, tmp_path: Path) -> None:
+    """A database whose factory rows come from collector 0.1.0 (which built them on the host): those rows stay in
+    `ops` for SQL but never reach the lookups; rows of calls with tensors from that collector still do."""
+    from tp_query.engine.db import Database
+
+    root = tmp_path / "data"
+    shutil.copytree(cpu_db / "cpu", root / "cpu")
+    files = sorted((root / "cpu" / "ops").glob("*.parquet"))
+    factory = tensor_rows = 0
+    for f in files:
+        t = pq.read_table(f)
+        sigs = t.column("signature").to_pylist()
+        factory += sum('"T":' not in s for s in sigs)
+        tensor_rows += sum('"T":' in s for s in sigs)
+        old = pa.array(["0.1.0"] * t.num_rows)
+        t = t.set_column(t.schema.get_field_index("collector_version"), "collector_version", old)
+        pq.write_table(t.replace_schema_metadata(pq.read_metadata(f).metadata), f)
+    assert factory > 0 and tensor_rows > 0
+    manifest.record(root / "cpu", [f"ops/{f.name}" for f in files], "cpu")
+    db = Database("cpu", root)
+    try:
+        count = db.con.execute("SELECT count(*) FILTER (WHERE signature NOT LIKE '%\"T\":%'), count(*) FROM ops_ok"
+                               ).fetchone()
+        assert count is not None and count[0] == 0 and count[1] > 0
+        assert db.con.execute("SELECT count(*) FROM ops WHERE signature NOT LIKE '%\"T\":%'").fetchone() == (factory,)
+    finally:
+        db.close()
+
+
+def test_shipped_rows_carry_the_features_their_signatures_derive() -> None:
+    """A change to how the registry describes a call must come with its rows measured again (or re-derived):
+    stored features that disagree with the registry would interpolate a query against the wrong points (every
+    factory once had numel 0). Rows the engine reads (ok, first run) are checked; a NaN-operand row's layout
+    carries its operands, and attention rows from before `masked` existed read NULL, i.e. unmasked."""
+    cols = ["key", "op", "signature", "math_mode", "kind", "family", "flops", "bytes", *FEATURE_COLUMNS]
+    glob = str(ROOT / "data" / "h200" / "ops" / "*.parquet")
+    rows = duckdb.connect().execute(f"SELECT {', '.join(cols)} FROM read_parquet(?, union_by_name = true) "
+                                    "WHERE status = 'ok' AND run = 1", [glob]).fetchall()
+    assert len(rows) > 10_000
+    bad = []
+    for r in rows:
+        d = dict(zip(cols, r, strict=True))
+        info = describe(OpCall.from_json_str(d["op"], d["signature"]), d["math_mode"] == "tf32")
+        if d["key"].endswith("|" + Operands.NAN.value):
+            info = with_operands(d["key"], info, Operands.NAN)[1]
+        feats = {**info.features, **(FAMILIES[info.family].derive(info.features) if FAMILIES[info.family].derive
+                                      else {})}
+        stored = {k: d[k] for k in FEATURE_COLUMNS if d[k] is not None}
+        if info.family.value == "attention":
+            stored.setdefault("masked", False)
+        diff = [k for k in FEATURE_COLUMNS if k in stored and feats.get(k) != stored[k]]
+        diff += [k for k in FEATURE_COLUMNS if k in info.features and k not in stored and info.features[k] is not None]
+        if info.kind != d["kind"] or str(info.family) != d["family"]:
+            diff.append("kind")
+        if not math.isclose(info.bytes, d["bytes"], rel_tol=1e-9, abs_tol=1e-6):
+            diff.append("bytes")
+        if not math.isclose(info.flops, d["flops"], rel_tol=1e-9, abs_tol=1e-6):
+            diff.append("flops")
+        if diff:
+            bad.append(f"{d['op']} {d['signature'][:80]}: {diff}")
+    assert not bad, f"{len(bad)} rows disagree, e.g. {bad[:3]}"
