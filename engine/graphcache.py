@@ -21,7 +21,7 @@ from .request import PredictError, PredictRequest
 if TYPE_CHECKING:
     from .template import GraphTemplate
 
-TRACE_VERSION = 17
+TRACE_VERSION = 18  # 18: autograd formulas traced in their eager (in-place) branch
 
 
 def cache_dir() -> Path:

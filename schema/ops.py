@@ -96,7 +96,10 @@ FAMILIES: dict[Family, FamilySpec] = {
     Family.ATTENTION: FamilySpec(Family.ATTENTION, ("heads", "seq_q"), ("head_dim", "causal", "dropout", "seq_k_eq",
                                                                          "masked", "layout"),
                                  derive=lambda f: {"masked": bool(f.get("masked")), "layout": f.get("layout") or ""}),
-    Family.ROWWISE: FamilySpec(Family.ROWWISE, ("rows", "cols"), (), log_space=False),
+    # a row whose length is no multiple of 8 elements (gpt-oss's seq + 1 scores with a sink, GPT-2's 50,257-word
+    # vocabulary) takes the kernels' unvectorised path: its own category, as a GEMM's misaligned dimension is
+    Family.ROWWISE: FamilySpec(Family.ROWWISE, ("rows", "cols"), ("aligned",), log_space=False,
+                               derive=lambda f: {"aligned": (f.get("cols") or 0) % 8 == 0}),
     Family.EMBEDDING: FamilySpec(Family.EMBEDDING, ("tokens", "vocab", "dim"), (), log_space=False),
     Family.FOREACH: FamilySpec(Family.FOREACH, ("tensors", "numel"), ("pattern",), log_space=False),
     Family.ELEMENTWISE: FamilySpec(Family.ELEMENTWISE, ("numel",), ("pattern",), log_space=False),
@@ -1076,6 +1079,51 @@ def elementwise_pattern(c: OpCall) -> str:
 
 LIST_INPUT_OPS = {"aten.cat.default", "aten.stack.default"}
 
+
+def _misaligned_view(t: TensorSpec) -> bool:
+    """A strided view whose row pitch (last dimension contiguous) or start is no 16-byte multiple."""
+    it = t.dtype.itemsize
+    if (t.offset * it) % 16:
+        return True
+    if t.strides is None or len(t.shape) < 2 or t.strides[-1] != 1 or t.shape[-2] == 1:
+        return False  # a size-1 dimension's stride means nothing
+    pitch = t.strides[-2]
+    return pitch != t.shape[-1] and (pitch * it) % 16 != 0
+
+
+def _chunk_misaligned(shape: list[int] | tuple[int, ...], dim: int, it: int, start: int = 0) -> bool:
+    """A block along `dim` of a contiguous tensor whose width or start (in bytes, rows below `dim` included) is no
+    16-byte multiple: cat's inputs inside its output, slice_backward's gradient inside its zeros."""
+    if not shape:
+        return False
+    d = dim % len(shape)
+    inner = 1
+    for x in shape[d + 1:]:
+        inner *= max(x, 1)
+    return (shape[d] * inner * it) % 16 != 0 or (start * inner * it) % 16 != 0
+
+
+def elementwise_misaligned(c: OpCall) -> bool:
+    """Whether a memory-bound call moves rows that are no 16-byte multiple apart: PyTorch's vectorised copy, cat
+    and pointwise kernels then fall back to element-wise loads (H200, bf16: gpt-oss's cat of 4,096 scores and a
+    sink, rows of 4,097, runs about 5x the aligned cat). Contiguous tensors of odd sizes stay aligned: a pointwise
+    kernel sees them flat."""
+    ts = c.device_tensors()
+    if any(_misaligned_view(t) for t in ts):
+        return True
+    if c.op == "aten.cat.default" and c.args and isinstance(c.args[0], list):
+        dim = c.args[1] if len(c.args) > 1 and isinstance(c.args[1], int) else 0
+        parts = [t for t in c.args[0] if isinstance(t, TensorSpec) and t.numel]
+        return len(parts) > 1 and any(_chunk_misaligned(t.shape, dim, t.dtype.itemsize) for t in parts)
+    if c.op == "aten.slice_backward.default" and len(c.args) > 3 and ts:
+        size, dim, start = c.args[1], c.args[2], c.args[3]
+        if isinstance(size, list) and isinstance(dim, int) and isinstance(start, int) and size:
+            it = ts[0].dtype.itemsize
+            full = _chunk_misaligned(size, dim, it)
+            grad = ts[0].shape
+            return full or (bool(grad) and _chunk_misaligned(grad, dim, it, start))
+    return False
+
 # Operators whose output size is an argument, not an input's: factories (no tensor input at all), new_* (the
 # tensor lends only dtype and device) and backward operators that scatter a gradient into zeros of the forward
 # input's size (a slice_backward of an empty gradient still writes its whole output). Value: the size argument.
@@ -1120,20 +1168,55 @@ def output_numel(c: OpCall) -> int | None:
     return None
 
 
+# In-place updates of a few positions of their first argument (an eager backward's fresh zeros, MoE's
+# combine): the kernel reads and writes what the index and source say, whatever the size of the tensor updated.
+# Value: the argument whose elements are the positions written (for index_put, the index tensors' broadcast
+# times the dimensions they leave unindexed). A boolean mask writes where it is true: not statically known.
+SELF_UPDATE_OPS: dict[str, int] = {
+    "aten.scatter_.src": 2, "aten.scatter_.value": 2, "aten.scatter_add_.default": 2, "aten.put_.default": 1,
+    "aten.index_add_.default": 3, "aten.index_copy_.default": 3,
+    "aten.index_put_.default": 1, "aten._index_put_impl_.default": 1,
+}
+
+
+def _update_numel(c: OpCall) -> int | None:
+    """Elements an in-place update touches, or None where the call is no such update."""
+    i = SELF_UPDATE_OPS.get(c.op)
+    if i is None or len(c.args) <= i or not isinstance(c.args[0], TensorSpec) or c.args[0].host:
+        return None
+    a = c.args[i]
+    if isinstance(a, TensorSpec):
+        return a.numel
+    if isinstance(a, list):  # index_put's indices
+        idx = [t for t in a if isinstance(t, TensorSpec)]
+        if not idx or len(idx) != len(a) or any(t.dtype == DType.BOOL for t in idx):
+            return None
+        n = max(t.numel for t in idx)
+        for d in c.args[0].shape[len(idx):]:
+            n *= d
+        return n
+    return None
+
+
 def _elementwise_features(c: OpCall) -> Features:
     ts = c.device_tensors()
     if c.op in LIST_INPUT_OPS:
         numel = sum(t.numel for t in ts)
+    elif (upd := _update_numel(c)) is not None:
+        numel = upd
     else:
         numel = max((t.numel for t in ts), default=0)
     out = output_numel(c)
     if out is not None:
         numel = max(numel, out)
-    return {"numel": numel, "pattern": elementwise_pattern(c)}
+    pattern = elementwise_pattern(c)
+    return {"numel": numel, "pattern": pattern + "/ua" if elementwise_misaligned(c) else pattern}
 
 
 def _elementwise_bytes(c: OpCall, f: Features) -> float:
     ts = c.device_tensors()
+    if _update_numel(c) is not None:
+        ts = ts[1:]  # the updated tensor is touched where the index says: counted as the writes
     reads = sum(t.nbytes for t in ts)
     # a factory without a dtype makes torch's default: float32, int64 for an arange of integers
     out_item = max((t.dtype.itemsize for t in ts), default=4)

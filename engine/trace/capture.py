@@ -44,7 +44,7 @@ from . import autocast_cuda
 from . import cuda_composites as sdpa
 from .fp8 import convert_fp8
 from .models import COMM_SINK, Shard, build_model, section_modules
-from .torchargs import dtype_of, encode_call, torch_dtype
+from .torchargs import dtype_of, encode_call, resolve_op, torch_dtype
 
 _ACC_GRAD_SEQ = 2**64 - 1
 BLOCK = 512  # the caching allocator rounds every block to 512 bytes
@@ -216,10 +216,37 @@ CUDA_IN_OP_TEMPORARIES: dict[str, Callable[[tuple[Any, ...]], int]] = {
 _PLAIN_TYPES = (torch.Tensor, FakeTensor, torch.nn.Parameter)
 
 
+@dataclass(frozen=True)
+class EagerInPlace:
+    """An autograd formula's eager branch. Under any dispatch mode (this tracer's, and the GPU op log's) a tensor
+    counts as subclass-like (ATen's isTensorSubclassLike: `dispatch_mode_enabled()`), and formulas such as
+    value_selecting_reduction_backward (max.dim, topk, sort) or index_backward take their out-of-place branch on
+    the fresh zeros they build; a plain eager step updates those zeros in place and skips copying them (gpt-oss's
+    max over its scores with a sink: a 2 GiB copy per layer the GPU never makes)."""
+
+    op: str  # the eager operator
+    extra: tuple[Any, ...] = ()  # arguments the eager call adds after the traced ones
+    needs: Callable[[tuple[Any, ...], dict[str, Any]], bool] = lambda a, k: True
+
+
+_ZEROS_OPS = ("aten.zeros.default", "aten.new_zeros.default", "aten.zeros_like.default")
+EAGER_IN_PLACE: dict[str, EagerInPlace] = {
+    "aten.scatter.src": EagerInPlace("aten.scatter_.src"),  # value_selecting_reduction_backward
+    "aten.scatter_add.default": EagerInPlace("aten.scatter_add_.default"),  # gather_backward, cummax/cummin
+    "aten.index_add.default": EagerInPlace("aten.index_add_.default"),  # index_select_backward
+    "aten.masked_scatter.default": EagerInPlace("aten.masked_scatter_.default"),  # masked_select_backward
+    "aten.put.default": EagerInPlace("aten.put_.default"),  # take_backward
+    # index_backward: at::_index_put_impl_(zeros, indices, grad, accumulate=true, unsafe=true)
+    "aten.index_put.default": EagerInPlace("aten._index_put_impl_.default", (True,),
+                                           lambda a, k: len(a) > 3 and a[3] is True and not k),
+}
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self, cap: _Capture | None) -> None:
         super().__init__()
         self.cap = cap
+        self._fresh: weakref.ref[torch.Tensor] | None = None  # the last zeros a backward formula built
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         if any(t not in _PLAIN_TYPES for t in types):
@@ -227,13 +254,23 @@ class _Recorder(TorchDispatchMode):
             # tensors come back through this mode and are what the GPU runs
             return NotImplemented
         kwargs = kwargs or {}
+        name = str(func)
+        eager = EAGER_IN_PLACE.get(name) if self.cap is not None and self.cap.phase == Phase.BWD else None
+        fresh = self._fresh() if self._fresh is not None else None
+        if eager is not None and fresh is not None and args and args[0] is fresh and eager.needs(args, kwargs):
+            func = resolve_op(eager.op)
+            args = (*args, *eager.extra)
+            name = eager.op
+        elif fresh is not None and any(a is fresh for a in tree_leaves((args, kwargs))):
+            self._fresh = None  # read by anything else: no longer the formula's fresh buffer
         out = func(*args, **kwargs)
-        fix = CUDA_OUTPUT_FIXUPS.get(str(func))
+        fix = CUDA_OUTPUT_FIXUPS.get(name)
         if fix is not None:
             out = fix(args, out)
         if self.cap is None:
             return out
-        name = str(func)
+        if name in _ZEROS_OPS and self.cap.phase == Phase.BWD and isinstance(out, torch.Tensor):
+            self._fresh = weakref.ref(out)
         if self.cap.active and name.startswith("aten."):
             self.cap.on_op(func, args, kwargs, out)
         return out
