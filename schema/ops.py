@@ -1155,7 +1155,7 @@ def output_numel(c: OpCall) -> int | None:
         nums = [a for a in c.args if isinstance(a, int | float) and not isinstance(a, bool)]
         start, end, step = ((0, nums[0], 1) if c.op == ARANGE_OPS[0] else
                             (nums[0], nums[1], nums[2] if len(nums) > 2 else 1)) if nums else (0, 0, 1)
-        return max(-(-(end - start) // step), 0) if step else 0
+        return max(int(-(-(end - start) // step)), 0) if step else 0
     if c.op == "aten.scalar_tensor.default":
         return 1
     if c.op == "aten.repeat.default" and c.args and isinstance(c.args[0], TensorSpec):
@@ -1215,11 +1215,12 @@ def _elementwise_features(c: OpCall) -> Features:
 
 def _elementwise_bytes(c: OpCall, f: Features) -> float:
     ts = c.device_tensors()
-    if _update_numel(c) is not None:
-        ts = ts[1:]  # the updated tensor is touched where the index says: counted as the writes
-    reads = sum(t.nbytes for t in ts)
     # a factory without a dtype makes torch's default: float32, int64 for an arange of integers
     out_item = max((t.dtype.itemsize for t in ts), default=4)
+    if _update_numel(c) is not None:
+        out_item = ts[0].dtype.itemsize
+        ts = ts[1:]  # the updated tensor is touched where the index says: counted as the writes
+    reads = sum(t.nbytes for t in ts)
     if not ts and c.op in ARANGE_OPS and all(isinstance(a, int) for a in c.args):
         out_item = 8
     target = c.kwarg("dtype")

@@ -3,7 +3,7 @@ concatenates a sink logit to every row of the scores, so the max, softmax and th
 elements, and the probabilities enter the PV GEMM as a view whose row pitch is seq + 1 (an odd leading dimension:
 cuBLAS's slower unaligned kernels, schema/ops.py `_gemm_layout`), and the cat, copies and softmax on those rows run
 unvectorised (`/ua` patterns, unaligned rows). The grid had neither. Every batched GEMM of a gpt-oss-20B
-layer whose operands hold the (seq, seq) or (seq, seq + 1) scores, at 1,024, 2,048 and 8,192 tokens: not at the
+layer whose operands hold the (seq, seq) or (seq, seq + 1) scores, at 1,024, 2,048, 3,072, 6,144 and 8,192 tokens: not at the
 held-out case's 4,096, which stays held out (its calls interpolate between these). Run on the CPU:
 `.venv/bin/python tools/sink_attention_sigs.py`."""
 
@@ -14,11 +14,11 @@ from tp_query.collector.plan import write_signature_file
 from tp_query.collector.validate import GENERIC_CASES, layers_of
 from tp_query.engine.tracecli import signature_entries
 from tp_query.schema.ops import FAMILIES, Family, describe
-from tp_query.schema.signature import OpCall
 from tp_query.schema.precision import Setting
+from tp_query.schema.signature import OpCall
 
 ROOT = Path(__file__).resolve().parent.parent
-SEQS = (1024, 2048, 8192)
+SEQS = (1024, 2048, 3072, 6144, 8192)
 SETTINGS = [Setting.BF16, Setting.FP16, Setting.TF32, Setting.AMP_BF16, Setting.AMP_FP16]
 
 cfg = layers_of(GENERIC_CASES["gpt-oss-20b"][0], 2)  # one sliding and one full-attention layer

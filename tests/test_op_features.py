@@ -1,6 +1,8 @@
-"""Calls whose output size is an argument (factories, new_*, slice_backward): their features follow that size,
-the collector replays them on its device, and rows that timed them on the host are never read. Plus the
-guard that caught the bug: every row of the shipped database carries the features its signature derives."""
+"""How memory-bound calls are described: calls whose output size is an argument (factories, new_*,
+slice_backward) follow that size, in-place updates follow the positions they touch, misaligned rows are their own
+category; the collector replays factories on its device and rows that timed them on the host are never read.
+Plus the guard that caught the factories: every row of the shipped database carries the features its signature
+derives."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from tp_query.schema import manifest
-from tp_query.schema.ops import FEATURE_COLUMNS, FAMILIES, Operands, describe, with_operands
+from tp_query.schema.ops import FAMILIES, FEATURE_COLUMNS, Family, Operands, describe, with_operands
 from tp_query.schema.precision import DType
 from tp_query.schema.signature import OpCall, Scalar, TensorSpec
 
@@ -41,11 +43,71 @@ def _dtype(d: str) -> tuple[tuple[str, Scalar], ...]:
     (OpCall("aten.slice_backward.default", (TensorSpec((8, 64), DType.BF16), [8, 128], 1, 64, 2 ** 63 - 1, 1)),
      8 * 128, 2 * (8 * 64 + 8 * 128)),
     (OpCall("aten.repeat.default", (TensorSpec((4, 8), DType.FP32), [3, 2])), 4 * 8 * 6, 4 * (32 + 192)),
+    # in-place updates: the index and source, not the 2 GiB of scores updated (gpt-oss's max backward)
+    (OpCall("aten.scatter_.src", (TensorSpec((1, 64, 4096, 4097), DType.BF16), 3,
+                                  TensorSpec((1, 64, 4096, 1), DType.I64), TensorSpec((1, 64, 4096, 1), DType.BF16))),
+     64 * 4096, 64 * 4096 * (8 + 2) + 64 * 4096 * 2),
+    # index_backward's accumulation of 16,384 routed rows into 32
+    (OpCall("aten._index_put_impl_.default", (TensorSpec((32, 5760), DType.BF16), [TensorSpec((16384,), DType.I64)],
+                                              TensorSpec((16384, 5760), DType.BF16), True, True)),
+     16384 * 5760, 16384 * 8 + 2 * 16384 * 5760 * 2),
+    # a boolean mask writes where it is true, which no signature says: the tensor's size
+    (OpCall("aten.index_put_.default", (TensorSpec((1, 4096, 4096), DType.BF16), [TensorSpec((1, 4096), DType.BOOL)],
+                                        TensorSpec((), DType.BF16))),
+     4096 * 4096, 2 * 4096 * 4096 + 4096 + 2 + 2 * 4096 * 4096),
 ])
 def test_output_size_arguments_set_the_work(call: OpCall, numel: int, nbytes: int) -> None:
     info = describe(call, False)
     assert info.features["numel"] == numel
     assert info.bytes == nbytes
+
+
+@pytest.mark.parametrize(("call", "pattern"), [
+    # gpt-oss's scores and sink: rows of 4,097 bf16 elements in the output
+    (OpCall("aten.cat.default", ([TensorSpec((1, 64, 4096, 4096), DType.BF16), TensorSpec((1, 64, 4096, 1), DType.BF16)],
+                                 -1)), "cb/ua"),
+    (OpCall("aten.cat.default", ([TensorSpec((8, 64), DType.BF16), TensorSpec((8, 64), DType.BF16)], -1)), "cc"),
+    # the probabilities without the sink column: a view of pitch 4,097
+    (OpCall("aten.mul.Tensor", (TensorSpec((64, 4096, 4096), DType.BF16, (4096 * 4097, 4097, 1)),
+                                TensorSpec((64, 4096, 4096), DType.BF16))), "sc/ua"),
+    (OpCall("aten.slice_backward.default", (TensorSpec((1, 64, 4096, 4096), DType.BF16), [1, 64, 4096, 4097], 3, 0,
+                                            4096, 1)), "c/ua"),
+    (OpCall("aten.slice_backward.default", (TensorSpec((1, 8, 4096, 64), DType.BF16), [1, 8, 4096, 128], 3, 64,
+                                            2 ** 63 - 1, 1)), "c"),
+    # labels shifted by one token: an int64 view starting 8 bytes in
+    (OpCall("aten.ge.Scalar", (TensorSpec((1, 4096), DType.I64, None, 1), 0)), "c/ua"),
+    # a size-1 dimension's stride means nothing; an odd contiguous size is flat to a pointwise kernel
+    (OpCall("aten.clone.default", (TensorSpec((1, 4096), DType.BF16, (1, 1)),)), "s"),
+    (OpCall("aten.mul.Tensor", (TensorSpec((4096, 50257), DType.BF16), TensorSpec((4096, 50257), DType.BF16))), "cc"),
+])
+def test_misaligned_rows_are_their_own_category(call: OpCall, pattern: str) -> None:
+    assert describe(call, False).features["pattern"] == pattern
+
+
+def test_rowwise_rows_of_no_multiple_of_8_are_their_own_category() -> None:
+    spec = FAMILIES[Family.ROWWISE]
+    odd = describe(OpCall("aten._softmax.default", (TensorSpec((1, 64, 4096, 4097), DType.BF16), -1, False)), False)
+    even = describe(OpCall("aten._softmax.default", (TensorSpec((1, 64, 4096, 4096), DType.BF16), -1, False)), False)
+    assert spec.exact_key(odd.features) != spec.exact_key(even.features)
+
+
+def test_backward_formulas_are_traced_in_their_eager_branch() -> None:
+    """A MoE router's topk backward and the experts' index backward: zeros updated in place, as eager CUDA runs
+    them, not the out-of-place branch a dispatch mode takes."""
+    pytest.importorskip("torch")
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.schema.model_config import parse_config
+    from tp_query.schema.precision import Setting
+
+    from .conftest import TINY_FAMILIES
+
+    spec = parse_config(TINY_FAMILIES["mixtral"])
+    g = trace_config(TraceRequest(spec, Setting.BF16, 1, 64, traced_layers=spec.num_layers))
+    bwd = {o.op for o in g.ops if o.phase.value == "bwd"}
+    assert {"aten.scatter_.src", "aten._index_put_impl_.default"} <= bwd
+    assert not {"aten.scatter.src", "aten.index_put.default"} & bwd
+    fwd = [o for o in g.ops if o.phase.value == "fwd" and o.op == "aten.index_put_.default"]
+    assert fwd  # the model's own in-place combine is untouched
 
 
 def test_a_factory_replays_on_the_collectors_device() -> None:
