@@ -1078,6 +1078,7 @@ def elementwise_pattern(c: OpCall) -> str:
 
 
 LIST_INPUT_OPS = {"aten.cat.default", "aten.stack.default"}
+INT32_MAX = 2 ** 31 - 1
 
 
 def _misaligned_view(t: TensorSpec) -> bool:
@@ -1209,8 +1210,13 @@ def _elementwise_features(c: OpCall) -> Features:
     out = output_numel(c)
     if out is not None:
         numel = max(numel, out)
-    pattern = elementwise_pattern(c)
-    return {"numel": numel, "pattern": pattern + "/ua" if elementwise_misaligned(c) else pattern}
+    pattern = elementwise_pattern(c) + ("/ua" if elementwise_misaligned(c) else "")
+    if c.op == "aten.cat.default" and numel >= INT32_MAX:
+        # an output beyond 32-bit indexing leaves cat's batched kernel for one copy per input (Cat.cu: the
+        # parallel path needs canUse32BitIndexMath(out)); measured, gpt-oss's misaligned cat of the scores and
+        # the sink runs at 0.67 TB/s up to 0.6 G elements and at 1.78 TB/s from 2.4 G
+        pattern += "/i64"
+    return {"numel": numel, "pattern": pattern}
 
 
 def _elementwise_bytes(c: OpCall, f: Features) -> float:

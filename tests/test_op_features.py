@@ -67,6 +67,9 @@ def test_output_size_arguments_set_the_work(call: OpCall, numel: int, nbytes: in
     (OpCall("aten.cat.default", ([TensorSpec((1, 64, 4096, 4096), DType.BF16), TensorSpec((1, 64, 4096, 1), DType.BF16)],
                                  -1)), "cb/ua"),
     (OpCall("aten.cat.default", ([TensorSpec((8, 64), DType.BF16), TensorSpec((8, 64), DType.BF16)], -1)), "cc"),
+    # an output beyond 32-bit indexing: one copy per input instead of the batched kernel
+    (OpCall("aten.cat.default", ([TensorSpec((1, 64, 8192, 8192), DType.BF16), TensorSpec((1, 64, 8192, 1), DType.BF16)],
+                                 -1)), "cb/ua/i64"),
     # the probabilities without the sink column: a view of pitch 4,097
     (OpCall("aten.mul.Tensor", (TensorSpec((64, 4096, 4096), DType.BF16, (4096 * 4097, 4097, 1)),
                                 TensorSpec((64, 4096, 4096), DType.BF16))), "sc/ua"),
