@@ -47,10 +47,30 @@ class TemplateError(ValueError):
     """A structural type whose graph is not polynomial in its dimensions (the caller traces instead)."""
 
 
+# The config keys in which transformers reads a spec's sizes (the HF builder traces transformers' module from its
+# config.json, not from the spec's fields): a template's traces rewrite them, its key leaves them out.
+HF_SIZE_KEYS = {"hidden_size": "hidden_size", "num_attention_heads": "num_heads",
+                "num_key_value_heads": "num_kv_heads", "head_dim": "head_dim",
+                "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+                "num_hidden_layers": "num_layers"}
+# Families of the HF builder whose graphs templates reproduce, checked against real traces (tests/test_template.py):
+# every size of theirs is one of the keys above, spelled out in the config
+HF_TEMPLATE_FAMILIES = (ArchFamily.QWEN3,)
+
+
 def templatable(spec: ModelSpec, framework: str, ep: int, moe_imbalance: float) -> bool:
-    """Dense decoders of the native builder (Llama, Mistral and Qwen2 without sliding windows) under torch."""
-    return (spec.builder == Builder.NATIVE and spec.family == ArchFamily.LLAMA and not spec.is_moe
-            and framework == "torch" and ep == 1 and moe_imbalance == 1.0 and not spec.layer_types
+    """Dense decoders under torch without per-layer kinds: the native builder's Llama family (Llama, Mistral and
+    Qwen2 without sliding windows) and the HF builder's families listed above."""
+    if spec.builder == Builder.HF:
+        cfg = json.loads(spec.hf_config or "{}")
+        windowed = spec.sliding_window or cfg.get("sliding_window") or cfg.get("use_sliding_window") or \
+            cfg.get("layer_types")
+        if spec.family not in HF_TEMPLATE_FAMILIES or windowed or \
+                any(k not in cfg for k in HF_SIZE_KEYS if k != "num_hidden_layers"):
+            return False
+    elif spec.builder != Builder.NATIVE or spec.family != ArchFamily.LLAMA:
+        return False
+    return (not spec.is_moe and framework == "torch" and ep == 1 and moe_imbalance == 1.0 and not spec.layer_types
             and not spec.mlp_layer_types and not spec.rope_layers)
 
 
@@ -67,9 +87,16 @@ def dims_of(spec: ModelSpec, micro_batch: int, seq_len: int, tp: int) -> dict[st
 def spec_at(spec: ModelSpec, dims: dict[str, int]) -> ModelSpec:
     """The model of these per-rank dimensions (what a build traces)."""
     tp = dims["tp"]
-    return replace(spec, hidden_size=dims["hidden"], num_heads=dims["kl"] * dims["g"] * tp,
-                   num_kv_heads=dims["kl"] * tp, head_dim=dims["hd"], intermediate_size=dims["fl"] * tp,
-                   vocab_size=dims["vl"] * tp)
+    out = replace(spec, hidden_size=dims["hidden"], num_heads=dims["kl"] * dims["g"] * tp,
+                  num_kv_heads=dims["kl"] * tp, head_dim=dims["hd"], intermediate_size=dims["fl"] * tp,
+                  vocab_size=dims["vl"] * tp)
+    if spec.builder == Builder.HF:  # transformers reads the sizes from the config
+        cfg = json.loads(spec.hf_config)
+        for key, fieldname in HF_SIZE_KEYS.items():
+            if key in cfg:
+                cfg[key] = getattr(out, fieldname)
+        out = replace(out, hf_config=json.dumps(cfg, sort_keys=True))
+    return out
 
 
 def ones_of(dims: dict[str, int]) -> tuple[str, ...]:
@@ -80,6 +107,9 @@ def structure_key(spec: ModelSpec, fields: dict[str, Any], ones: tuple[str, ...]
     """The structural type: the spec without its sizes, the trace fields without micro-batch, sequence and TP,
     and which dimensions are 1."""
     s = {k: v for k, v in spec.to_dict().items() if k not in _SIZE_FIELDS}
+    if s.get("hf_config"):
+        s["hf_config"] = json.dumps({k: v for k, v in json.loads(s["hf_config"]).items() if k not in HF_SIZE_KEYS},
+                                    sort_keys=True)
     f = {k: v for k, v in fields.items() if k not in ("mb", "seq", "tp")}
     body = json.dumps({"spec": s, "fields": f, "ones": list(ones), "v": trace_version, "tpl": TEMPLATE_FORMAT},
                       sort_keys=True, default=str)

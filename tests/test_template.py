@@ -167,6 +167,47 @@ def test_shipped_templates_equal_real_traces(setting: Setting, tp: int, sp: bool
     _same(g, real)
 
 
+@pytest.mark.parametrize("setting, tp, sp, hd", [
+    (Setting.AMP_BF16, 2, False, 96), (Setting.BF16, 2, True, 64), (Setting.AMP_FP16, 1, False, 80),
+    (Setting.FP32, 1, False, 112),
+])
+def test_shipped_hf_builder_templates_equal_real_traces(setting: Setting, tp: int, sp: bool, hd: int) -> None:
+    """Qwen3 is traced from transformers' own module, which reads its sizes from the config: a shipped template,
+    built from Qwen3-8B's config with those keys rewritten per trace, equals a real trace of another Qwen3 config
+    (sizes none of its builds traced) parsed as a user's would be."""
+    import json
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "examples" / "qwen3-8b.json").read_text())
+    cfg = {**base, "hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": hd,
+           "intermediate_size": 3072, "vocab_size": 32002}
+    spec = parse_config(cfg, "cut")
+    assert template.templatable(spec, "torch", 1, 1.0)
+    par = ParallelConfig(dp=2, tp=tp, micro_batch=2, sequence_parallel=sp)
+    req = PredictRequest(model=cfg, model_name="cut", gpu="cpu", setting=setting, parallel=par, seq_len=1000)
+    dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
+    assert dims is not None
+    key = template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION)
+    t = template.find(key)
+    assert t is not None and t.covers(dims), f"no shipped template {key} for qwen3 {setting.value} tp={tp} sp={sp}"
+    g = t.instantiate(dims, spec.to_dict())
+    assert g is not None
+    real = trace_config(TraceRequest(spec, setting, par.micro_batch, req.seq_len, tp, sp, False, "adamw"))
+    _same(g, real)
+
+
+def test_a_size_key_left_out_of_the_config_is_not_templated() -> None:
+    """A config that leaves a size to the model type's default (Qwen3's head size) cannot have it rewritten per
+    trace, and one with windowed layers has per-layer kinds: both are traced."""
+    import json
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "examples" / "qwen3-8b.json").read_text())
+    assert template.templatable(parse_config(base, "q"), "torch", 1, 1.0)
+    cut = {k: v for k, v in base.items() if k != "head_dim"}
+    assert not template.templatable(parse_config(cut, "q"), "torch", 1, 1.0)
+    windowed = {**base, "sliding_window": 1024, "use_sliding_window": True, "max_window_layers": 2}
+    assert not template.templatable(parse_config(windowed, "q"), "torch", 1, 1.0)
+
+
 def test_compiled_copy_and_vectorised_evaluation_equal_the_json_template(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A shipped template loaded through its compiled (marshal) copy is the template the JSON file holds, and the
