@@ -9,6 +9,7 @@ generic campaign sweeps. The collector and the engine both read this module; it 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -1098,9 +1099,7 @@ def _chunk_misaligned(shape: list[int] | tuple[int, ...], dim: int, it: int, sta
     if not shape:
         return False
     d = dim % len(shape)
-    inner = 1
-    for x in shape[d + 1:]:
-        inner *= max(x, 1)
+    inner = math.prod(max(x, 1) for x in shape[d + 1:])
     return (shape[d] * inner * it) % 16 != 0 or (start * inner * it) % 16 != 0
 
 
@@ -1148,10 +1147,7 @@ def output_numel(c: OpCall) -> int | None:
     if i is not None:
         size = _int_list(c.args[i]) if i < len(c.args) else None
         if size is not None:
-            n = 1
-            for d in size:
-                n *= max(d, 0)
-            return n
+            return math.prod(max(d, 0) for d in size)
     if c.op in ARANGE_OPS:
         nums = [a for a in c.args if isinstance(a, int | float) and not isinstance(a, bool)]
         start, end, step = ((0, nums[0], 1) if c.op == ARANGE_OPS[0] else
@@ -1162,10 +1158,7 @@ def output_numel(c: OpCall) -> int | None:
     if c.op == "aten.repeat.default" and c.args and isinstance(c.args[0], TensorSpec):
         reps = _int_list(c.args[1]) if len(c.args) > 1 else None
         if reps is not None:
-            n = c.args[0].numel
-            for r in reps:
-                n *= max(r, 0)
-            return n
+            return c.args[0].numel * math.prod(max(r, 0) for r in reps)
     return None
 
 
@@ -1192,21 +1185,20 @@ def _update_numel(c: OpCall) -> int | None:
         idx = [t for t in a if isinstance(t, TensorSpec)]
         if not idx or len(idx) != len(a) or any(t.dtype == DType.BOOL for t in idx):
             return None
-        n = max(t.numel for t in idx)
-        for d in c.args[0].shape[len(idx):]:
-            n *= d
-        return n
+        return max(t.numel for t in idx) * math.prod(c.args[0].shape[len(idx):])
     return None
 
 
 def _elementwise_features(c: OpCall) -> Features:
     ts = c.device_tensors()
+    upd = _update_numel(c)
     if c.op in LIST_INPUT_OPS:
         numel = sum(t.numel for t in ts)
-    elif (upd := _update_numel(c)) is not None:
+    elif upd is not None:
         numel = upd
     else:
         numel = max((t.numel for t in ts), default=0)
+    feats: Features = {"_update": upd is not None}  # read by _elementwise_bytes; describe() keeps it private
     out = output_numel(c)
     if out is not None:
         numel = max(numel, out)
@@ -1216,14 +1208,14 @@ def _elementwise_features(c: OpCall) -> Features:
         # parallel path needs canUse32BitIndexMath(out)); measured, gpt-oss's misaligned cat of the scores and
         # the sink runs at 0.67 TB/s up to 0.6 G elements and at 1.78 TB/s from 2.4 G
         pattern += "/i64"
-    return {"numel": numel, "pattern": pattern}
+    return {**feats, "numel": numel, "pattern": pattern}
 
 
 def _elementwise_bytes(c: OpCall, f: Features) -> float:
     ts = c.device_tensors()
     # a factory without a dtype makes torch's default: float32, int64 for an arange of integers
     out_item = max((t.dtype.itemsize for t in ts), default=4)
-    if _update_numel(c) is not None:
+    if f["_update"]:
         out_item = ts[0].dtype.itemsize
         ts = ts[1:]  # the updated tensor is touched where the index says: counted as the writes
     reads = sum(t.nbytes for t in ts)
@@ -1443,6 +1435,33 @@ def describe(call: OpCall, allow_tf32: bool) -> CallInfo:
     return CallInfo(kind.name, family, precision_of(call, allow_tf32), math_mode(call, allow_tf32),
                     dtypes_key(call), {k: v for k, v in feats.items() if not k.startswith("_")},
                     float(kind.flops(call, feats)), float(kind.bytes(call, feats)))
+
+
+def stored_description(row: dict[str, Any]) -> dict[str, Any]:
+    """The description columns of a stored operator row (kind, family, FLOPs, bytes, features) as the registry
+    derives them from its signature; a NaN-operand row's operands are read from its key."""
+    info = describe(OpCall.from_json_str(row["op"], row["signature"]), row["math_mode"] == "tf32")
+    if str(row["key"]).endswith("|" + Operands.NAN.value):
+        info = with_operands(row["key"], info, Operands.NAN)[1]
+    return {"kind": info.kind, "family": str(info.family), "flops": info.flops, "bytes": info.bytes,
+            **{c: info.features.get(c) for c in FEATURE_COLUMNS}}
+
+
+def description_mismatches(row: dict[str, Any]) -> dict[str, Any]:
+    """The description columns of a stored row that disagree with what the registry derives, with the derived
+    values: FLOPs and bytes to 1e-9; an attention row stored before `masked` existed reads NULL, i.e. unmasked."""
+    out = {}
+    for k, v in stored_description(row).items():
+        have = row.get(k)
+        if k == "masked" and have is None and v is False:
+            continue
+        if isinstance(v, float) and isinstance(have, float):
+            if math.isclose(v, have, rel_tol=1e-9, abs_tol=1e-6):
+                continue
+        elif v == have:
+            continue
+        out[k] = v
+    return out
 
 
 def grid_calls(precisions: Iterable[Precision] = FLOAT_PRECISIONS) -> Iterable[tuple[OpKind, Precision, OpCall]]:

@@ -146,21 +146,28 @@ def test_prediction_from_the_template_equals_the_traced_one(spec: ModelSpec, tpl
 def test_shipped_templates_equal_real_traces(setting: Setting, tp: int, sp: bool, hd: int) -> None:
     """The shipped templates of the search's other precisions (FSDP2's MixedPrecisionPolicy recipes, torchao
     float8 at TP=1) at dimensions none of their builds traced: the same graph as a real trace."""
-    import json
-
     if setting.value.startswith("fp8"):
         pytest.importorskip("torchao", reason="the fp8 settings trace torchao's float8 training")
-    base = json.loads((Path(__file__).resolve().parents[1] / "examples" / "llama3.1-8b.json").read_text())
+    _shipped_equals_real_trace("llama3.1-8b", setting, tp, sp, hd)
+
+
+def _shipped_equals_real_trace(example: str, setting: Setting, tp: int, sp: bool, hd: int) -> None:
+    """The example model cut to sizes no template build traced (head size `hd`): the shipped template of its type
+    instantiates to the graph a real trace of that config gives."""
+    import json
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "examples" / f"{example}.json").read_text())
     cfg = {**base, "hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": hd,
            "intermediate_size": 3072, "vocab_size": 32002}
     spec = parse_config(cfg, "cut")
+    assert template.templatable(spec, "torch", 1, 1.0)
     par = ParallelConfig(dp=2, tp=tp, micro_batch=2, sequence_parallel=sp)
     req = PredictRequest(model=cfg, model_name="cut", gpu="cpu", setting=setting, parallel=par, seq_len=1000)
     dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
     assert dims is not None
     key = template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION)
     t = template.find(key)
-    assert t is not None and t.covers(dims), f"no shipped template {key} for {setting.value} tp={tp} sp={sp}"
+    assert t is not None and t.covers(dims), f"no shipped template {key} for {example} {setting.value} tp={tp} sp={sp}"
     g = t.instantiate(dims, spec.to_dict())
     assert g is not None
     real = trace_config(TraceRequest(spec, setting, par.micro_batch, req.seq_len, tp, sp, False, "adamw"))
@@ -175,24 +182,7 @@ def test_shipped_hf_builder_templates_equal_real_traces(setting: Setting, tp: in
     """Qwen3 is traced from transformers' own module, which reads its sizes from the config: a shipped template,
     built from Qwen3-8B's config with those keys rewritten per trace, equals a real trace of another Qwen3 config
     (sizes none of its builds traced) parsed as a user's would be."""
-    import json
-
-    base = json.loads((Path(__file__).resolve().parents[1] / "examples" / "qwen3-8b.json").read_text())
-    cfg = {**base, "hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": hd,
-           "intermediate_size": 3072, "vocab_size": 32002}
-    spec = parse_config(cfg, "cut")
-    assert template.templatable(spec, "torch", 1, 1.0)
-    par = ParallelConfig(dp=2, tp=tp, micro_batch=2, sequence_parallel=sp)
-    req = PredictRequest(model=cfg, model_name="cut", gpu="cpu", setting=setting, parallel=par, seq_len=1000)
-    dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
-    assert dims is not None
-    key = template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION)
-    t = template.find(key)
-    assert t is not None and t.covers(dims), f"no shipped template {key} for qwen3 {setting.value} tp={tp} sp={sp}"
-    g = t.instantiate(dims, spec.to_dict())
-    assert g is not None
-    real = trace_config(TraceRequest(spec, setting, par.micro_batch, req.seq_len, tp, sp, False, "adamw"))
-    _same(g, real)
+    _shipped_equals_real_trace("qwen3-8b", setting, tp, sp, hd)
 
 
 def test_a_size_key_left_out_of_the_config_is_not_templated() -> None:

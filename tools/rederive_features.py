@@ -2,13 +2,12 @@
 signatures with the current registry, leaving every measurement as it is: after a change to how the registry
 *describes* a call (a new category such as the `/ua` pattern), not to how the collector replays it (that needs
 the rows measured again: `collect --remeasure-ops`). Files are rewritten atomically and the manifest updated;
-rows that already agree are untouched, so a rerun changes nothing. tests/test_factories.py checks that every
+rows that already agree are untouched, so a rerun changes nothing. tests/test_op_features.py checks that every
 shipped row agrees.
     .venv/bin/python tools/rederive_features.py [GPU]            (default h200; --dry-run to count only)"""
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -16,30 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tp_query.collector.store import _atomic_write
 from tp_query.schema import manifest
-from tp_query.schema.ops import FEATURE_COLUMNS, Operands, describe, with_operands
-from tp_query.schema.signature import OpCall
+from tp_query.schema.ops import description_mismatches
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def derived(row: dict) -> dict:
-    info = describe(OpCall.from_json_str(row["op"], row["signature"]), row["math_mode"] == "tf32")
-    if str(row["key"]).endswith("|" + Operands.NAN.value):
-        info = with_operands(row["key"], info, Operands.NAN)[1]
-    out = {"kind": info.kind, "family": str(info.family), "flops": info.flops, "bytes": info.bytes}
-    for c in FEATURE_COLUMNS:
-        v = info.features.get(c)
-        if v is not None or row.get(c) is not None:
-            # a stored NULL that the registry derives as its default (attention's `masked`) stays NULL
-            if not (v is False and row.get(c) is None and c == "masked"):
-                out[c] = v
-    return out
-
-
-def same(a: object, b: object) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
-    return a == b
 
 
 def main() -> None:
@@ -53,8 +31,7 @@ def main() -> None:
         rows = t.to_pylist()
         n = 0
         for r in rows:
-            new = derived(r)
-            diff = {k: v for k, v in new.items() if not same(r.get(k), v)}
+            diff = description_mismatches(r)
             if diff:
                 r.update(diff)
                 n += 1
