@@ -103,13 +103,50 @@ def ones_of(dims: dict[str, int]) -> tuple[str, ...]:
     return tuple(k for k in DIMS if dims[k] == 1)
 
 
-def structure_key(spec: ModelSpec, fields: dict[str, Any], ones: tuple[str, ...], trace_version: int) -> str:
-    """The structural type: the spec without its sizes, the trace fields without micro-batch, sequence and TP,
-    and which dimensions are 1."""
+# What a traced step of a templatable family does not read, so a user's own config.json finds the shipped types
+# (checked against real traces of configs that differ in all of them: tests/test_template.py). Rotary tables are
+# built from rope_theta when the module is made, not in the step, and the native builder has one rotary form
+# whatever the config's rope type; under the default rope type transformers reads max_position_embeddings only
+# when it builds the module. Token ids of generation, initialisation and serialisation never reach the step, and
+# neither do window and dropout settings that are switched off. pad_token_id stays: it is embedding backward's
+# padding_idx.
+_NATIVE_INERT_FIELDS = ("rope_theta", "rope_type", "max_position_embeddings")
+_HF_INERT_FIELDS = ("rope_theta", "max_position_embeddings")  # under the default rope type only
+_HF_INERT_KEYS = ("bos_token_id", "eos_token_id", "initializer_range", "transformers_version", "torch_dtype",
+                  "dtype", "rope_theta", "max_position_embeddings")
+_HF_INERT_VALUES: dict[str, Any] = {"attention_dropout": 0.0, "rope_scaling": None, "sliding_window": None,
+                                    "use_sliding_window": False}
+
+
+def _structural_spec(spec: ModelSpec) -> dict[str, Any]:
+    """The spec as its structural type sees it: no sizes, nothing the traced step does not read."""
     s = {k: v for k, v in spec.to_dict().items() if k not in _SIZE_FIELDS}
+    if spec.builder == Builder.NATIVE and spec.family == ArchFamily.LLAMA:
+        for k in _NATIVE_INERT_FIELDS:
+            s.pop(k, None)
     if s.get("hf_config"):
-        s["hf_config"] = json.dumps({k: v for k, v in json.loads(s["hf_config"]).items() if k not in HF_SIZE_KEYS},
-                                    sort_keys=True)
+        cfg = json.loads(s["hf_config"])
+        default_rope = cfg.get("rope_scaling") is None and spec.rope_type == "default"
+        out = {}
+        for k, v in cfg.items():
+            if k in HF_SIZE_KEYS or (k in _HF_INERT_VALUES and v == _HF_INERT_VALUES[k] and type(v) is
+                                     type(_HF_INERT_VALUES[k])):
+                continue
+            if (k in _HF_INERT_KEYS and (default_rope or k not in ("rope_theta", "max_position_embeddings"))) or \
+                    (k == "max_window_layers" and not cfg.get("use_sliding_window")):
+                continue
+            out[k] = v
+        s["hf_config"] = json.dumps(out, sort_keys=True)
+        if default_rope:
+            for k in _HF_INERT_FIELDS:
+                s.pop(k, None)
+    return s
+
+
+def structure_key(spec: ModelSpec, fields: dict[str, Any], ones: tuple[str, ...], trace_version: int) -> str:
+    """The structural type: the spec without its sizes and what the step does not read, the trace fields without
+    micro-batch, sequence and TP, and which dimensions are 1."""
+    s = _structural_spec(spec)
     f = {k: v for k, v in fields.items() if k not in ("mb", "seq", "tp")}
     body = json.dumps({"spec": s, "fields": f, "ones": list(ones), "v": trace_version, "tpl": TEMPLATE_FORMAT},
                       sort_keys=True, default=str)

@@ -115,6 +115,7 @@ def test_prediction_from_the_template_equals_the_traced_one(spec: ModelSpec, tpl
 
     monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(template, "_LOADED", {})
+    monkeypatch.setattr(template, "shipped_dir", lambda: tmp_path / "no-shipped")  # this tiny Llama's type is shipped
     model = {**TINY_LLAMA, "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 4}  # 2 KV heads a rank
     spec = parse_config(model, "tiny")
     req = PredictRequest(model=model, model_name="tiny", gpu="cpu", setting=SETTING,
@@ -151,14 +152,15 @@ def test_shipped_templates_equal_real_traces(setting: Setting, tp: int, sp: bool
     _shipped_equals_real_trace("llama3.1-8b", setting, tp, sp, hd)
 
 
-def _shipped_equals_real_trace(example: str, setting: Setting, tp: int, sp: bool, hd: int) -> None:
-    """The example model cut to sizes no template build traced (head size `hd`): the shipped template of its type
-    instantiates to the graph a real trace of that config gives."""
+def _shipped_equals_real_trace(example: str, setting: Setting, tp: int, sp: bool, hd: int,
+                               extra: dict[str, object] | None = None) -> None:
+    """The example model cut to sizes no template build traced (head size `hd`), with `extra` config keys: the
+    shipped template of its type instantiates to the graph a real trace of that config gives."""
     import json
 
     base = json.loads((Path(__file__).resolve().parents[1] / "examples" / f"{example}.json").read_text())
     cfg = {**base, "hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": hd,
-           "intermediate_size": 3072, "vocab_size": 32002}
+           "intermediate_size": 3072, "vocab_size": 32002, **(extra or {})}
     spec = parse_config(cfg, "cut")
     assert template.templatable(spec, "torch", 1, 1.0)
     par = ParallelConfig(dp=2, tp=tp, micro_batch=2, sequence_parallel=sp)
@@ -183,6 +185,56 @@ def test_shipped_hf_builder_templates_equal_real_traces(setting: Setting, tp: in
     built from Qwen3-8B's config with those keys rewritten per trace, equals a real trace of another Qwen3 config
     (sizes none of its builds traced) parsed as a user's would be."""
     _shipped_equals_real_trace("qwen3-8b", setting, tp, sp, hd)
+
+
+# keys of real config.json files that the shipped examples spell otherwise or not at all (Llama-2's, Qwen3-14B's)
+_OTHER_LLAMA = {"rope_theta": 10000.0, "rope_scaling": None, "max_position_embeddings": 4096, "bos_token_id": 1,
+                "eos_token_id": 2, "torch_dtype": "float16", "transformers_version": "4.31.0.dev0",
+                "initializer_range": 0.01}
+_OTHER_QWEN3 = {"rope_theta": 500000.0, "max_position_embeddings": 32768, "bos_token_id": 151643,
+                "eos_token_id": 151645, "initializer_range": 0.01, "attention_dropout": 0.0, "max_window_layers": 28,
+                "use_sliding_window": False, "sliding_window": None, "rope_scaling": None, "torch_dtype": "bfloat16",
+                "transformers_version": "4.51.0"}
+
+
+@pytest.mark.parametrize("example, extra, setting, tp, sp", [
+    ("llama3.1-8b", _OTHER_LLAMA, Setting.AMP_BF16, 2, True), ("llama3.1-8b", _OTHER_LLAMA, Setting.FP32, 1, False),
+    ("qwen3-8b", _OTHER_QWEN3, Setting.BF16, 2, False), ("qwen3-8b", _OTHER_QWEN3, Setting.AMP_FP16, 1, False),
+])
+def test_a_users_own_config_finds_the_shipped_type(example: str, extra: dict[str, object], setting: Setting,
+                                                   tp: int, sp: bool) -> None:
+    """A config.json as published (token ids, initialisation, rope base and length, windows switched off) is the
+    structural type of the shipped example it differs from in nothing the step reads: the same template, equal
+    to a real trace of that config."""
+    _shipped_equals_real_trace(example, setting, tp, sp, 128, extra)
+
+
+@pytest.mark.parametrize("example, extra, tp", [
+    ("llama2-7b", {"num_attention_heads": 8, "num_key_value_heads": 8}, 1),
+    ("llama2-7b", {"num_attention_heads": 8, "num_key_value_heads": 8}, 2),
+    ("llama3.2-3b", {}, 1), ("llama3.2-3b", {}, 2),
+])
+def test_shipped_multi_head_and_tied_types_equal_real_traces(example: str, extra: dict[str, object], tp: int) -> None:
+    """Multi-head attention (one query head per KV head: Llama-2-7B) and tied embeddings (Llama-3.2-3B) are types
+    of their own; their amp_bf16 types without SP are shipped (the other precisions are traced at first use)."""
+    _shipped_equals_real_trace(example, Setting.AMP_BF16, tp, False, 128, extra)
+
+
+@pytest.mark.parametrize("example, change", [
+    ("qwen3-8b", {"attention_dropout": 0.1}), ("qwen3-8b", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+    ("qwen3-8b", {"pad_token_id": 3}), ("qwen3-8b", {"tie_word_embeddings": True}),
+    ("qwen3-8b", {"rms_norm_eps": 1e-5}), ("llama3.1-8b", {"pad_token_id": 3}),
+    ("llama3.1-8b", {"tie_word_embeddings": True}), ("llama3.1-8b", {"attention_bias": True}),
+])
+def test_what_the_step_reads_is_another_structural_type(example: str, change: dict[str, object]) -> None:
+    """Dropout that is on, a rope scaling applied in the step, padding_idx, tied weights, a norm's epsilon (a
+    scalar of the step's calls) and biases stay in the structural type."""
+    import json
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "examples" / f"{example}.json").read_text())
+    fields = {"setting": "bf16", "sp": False, "rc": False, "opt": "adamw", "fw": "torch"}
+    keys = {template.structure_key(parse_config(c, "m"), fields, (), TRACE_VERSION) for c in (base, {**base, **change})}
+    assert len(keys) == 2
 
 
 def test_a_size_key_left_out_of_the_config_is_not_templated() -> None:

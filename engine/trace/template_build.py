@@ -185,11 +185,11 @@ def build_template(spec: ModelSpec, fields: dict[str, Any], ones: tuple[str, ...
                          torch_version=torch_version)
 
 
-def classes(tp_gt1: bool) -> list[tuple[str, ...]]:
-    """The size-1 classes a planner meets: micro-batch 1, one KV head per rank (under TP), TP 1."""
-    if not tp_gt1:
-        return [("tp",), ("mb", "tp")]
-    return [(), ("mb",), ("kl",), ("mb", "kl")]
+def classes(tp_gt1: bool, mha: bool = False) -> list[tuple[str, ...]]:
+    """The size-1 classes a planner meets: micro-batch 1, one KV head per rank (under TP), TP 1; for a model of
+    one query head per KV head (multi-head attention: `mha`), all of them with g = 1."""
+    out = [("tp",), ("mb", "tp")] if not tp_gt1 else [(), ("mb",), ("kl",), ("mb", "kl")]
+    return [tuple(k for k in ("mb", "kl", "g", "tp") if k in c or (k == "g" and mha)) for c in out]
 
 
 def build_shipped(spec: ModelSpec, settings: list[str], out_dir: str, optimizer: str = "adamw",
@@ -213,7 +213,7 @@ def build_shipped(spec: ModelSpec, settings: list[str], out_dir: str, optimizer:
         for tp_gt1 in (False,) if tp_refused else (False, True):
             for sp in ((False, True) if tp_gt1 else (False,)):
                 for rc in (False, True):
-                    for ones in classes(tp_gt1):
+                    for ones in classes(tp_gt1, spec.num_heads == spec.num_kv_heads):
                         fields = {"setting": setting, "sp": sp, "rc": rc, "opt": optimizer, "fw": "torch"}
                         key = structure_key(spec, fields, ones, TRACE_VERSION)
                         path = Path(out_dir) / f"{key}.json.gz"
