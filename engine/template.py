@@ -111,11 +111,17 @@ def ones_of(dims: dict[str, int]) -> tuple[str, ...]:
 # neither do window and dropout settings that are switched off. pad_token_id stays: it is embedding backward's
 # padding_idx.
 _NATIVE_INERT_FIELDS = ("rope_theta", "rope_type", "max_position_embeddings")
-_HF_INERT_FIELDS = ("rope_theta", "max_position_embeddings")  # under the default rope type only
+_DEFAULT_ROPE_INERT = ("rope_theta", "max_position_embeddings")  # spec fields and config keys alike
 _HF_INERT_KEYS = ("bos_token_id", "eos_token_id", "initializer_range", "transformers_version", "torch_dtype",
-                  "dtype", "rope_theta", "max_position_embeddings")
+                  "dtype")
 _HF_INERT_VALUES: dict[str, Any] = {"attention_dropout": 0.0, "rope_scaling": None, "sliding_window": None,
                                     "use_sliding_window": False}
+
+
+def _switched_off(key: str, value: Any) -> bool:
+    """A config value that leaves its feature off (of the same type as the off value: 0 is not 0.0)."""
+    off = _HF_INERT_VALUES.get(key, ...)
+    return off is not ... and value == off and type(value) is type(off)
 
 
 def _structural_spec(spec: ModelSpec) -> dict[str, Any]:
@@ -127,18 +133,13 @@ def _structural_spec(spec: ModelSpec) -> dict[str, Any]:
     if s.get("hf_config"):
         cfg = json.loads(s["hf_config"])
         default_rope = cfg.get("rope_scaling") is None and spec.rope_type == "default"
-        out = {}
-        for k, v in cfg.items():
-            if k in HF_SIZE_KEYS or (k in _HF_INERT_VALUES and v == _HF_INERT_VALUES[k] and type(v) is
-                                     type(_HF_INERT_VALUES[k])):
-                continue
-            if (k in _HF_INERT_KEYS and (default_rope or k not in ("rope_theta", "max_position_embeddings"))) or \
-                    (k == "max_window_layers" and not cfg.get("use_sliding_window")):
-                continue
-            out[k] = v
-        s["hf_config"] = json.dumps(out, sort_keys=True)
+        drop = {*HF_SIZE_KEYS, *_HF_INERT_KEYS, *(_DEFAULT_ROPE_INERT if default_rope else ())}
+        if not cfg.get("use_sliding_window"):
+            drop.add("max_window_layers")
+        s["hf_config"] = json.dumps({k: v for k, v in cfg.items() if k not in drop and not _switched_off(k, v)},
+                                    sort_keys=True)
         if default_rope:
-            for k in _HF_INERT_FIELDS:
+            for k in _DEFAULT_ROPE_INERT:
                 s.pop(k, None)
     return s
 

@@ -189,7 +189,7 @@ def classes(tp_gt1: bool, mha: bool = False) -> list[tuple[str, ...]]:
     """The size-1 classes a planner meets: micro-batch 1, one KV head per rank (under TP), TP 1; for a model of
     one query head per KV head (multi-head attention: `mha`), all of them with g = 1."""
     out = [("tp",), ("mb", "tp")] if not tp_gt1 else [(), ("mb",), ("kl",), ("mb", "kl")]
-    return [tuple(k for k in ("mb", "kl", "g", "tp") if k in c or (k == "g" and mha)) for c in out]
+    return [tuple(k for k in DIMS if k in c or (k == "g" and mha)) for c in out]
 
 
 def build_shipped(spec: ModelSpec, settings: list[str], out_dir: str, optimizer: str = "adamw",
