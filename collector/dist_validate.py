@@ -46,7 +46,8 @@ from .timing import quantile
 
 TORCH_KINDS = ("ddp", "ddp_bucket_view", "fsdp_z3", "fsdp_z2", "tp", "tp_sp", "pp_gpipe", "pp_1f1b",
                "pp_interleaved")
-MEGATRON_KINDS = ("mcore_dp", "mcore_dp_distopt", "mcore_tp", "mcore_pp", "mcore_moe", "mcore_moe_distopt")
+MEGATRON_KINDS = ("mcore_dp", "mcore_dp_distopt", "mcore_tp", "mcore_pp", "mcore_moe", "mcore_moe_distopt",
+                  "mcore_1gpu")
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ def dist_cases(world: int) -> list[DistCase]:
     shapes = [("llama3-8b-L4", layers_of(LLAMA3_8B, 4), "calibration"),
               ("qwen2-7b-L4", layers_of(QWEN2_7B, 4), "holdout")]
     out: list[DistCase] = []
+    # Megatron-Core's precision recipes: --bf16, --fp16 (dynamic loss scaling, its inf check and unscale in the
+    # optimizer) and fp32/tf32
+    mcore_settings = ("mp_bf16", "mp_fp16", "tf32")
 
     def add(fw: str, kind: str, model: str, cfg: dict[str, Any], setting: str, split: str, *, dp: int = 1,
             tp: int = 1, pp: int = 1, m: int = 1, profile: bool = False, **options: Any) -> None:
@@ -102,6 +106,16 @@ def dist_cases(world: int) -> list[DistCase]:
         cid = f"{fw}-{kind}-{model}-dp{dp}-tp{tp}-pp{pp}-m{m}{opt}-{setting}"
         out.append(DistCase(cid, fw, kind, model, cfg, setting, dp, tp, pp, micro_batches=m, split=split,
                             profile=profile, options=options))
+
+    if world == 1:
+        # One GPU: what every kind above degenerates to is one plain step, which only Megatron-Core runs
+        # differently from the one-GPU HF campaign (its local layer spec, fp32 gradient buffer, --bf16/--fp16
+        # master weights and loss scaling); one micro-batch, and four accumulated into one optimizer step
+        for s in ("mp_fp16", "mp_bf16", "tf32"):  # the recipe never validated before first
+            for model, cfg, split in [*shapes, ("qwen3-8b-L4", layers_of(QWEN3_8B, 4), "holdout")]:
+                for m in (1, 4):
+                    add("megatron", "mcore_1gpu", model, cfg, s, split, m=m)
+        return out
 
     settings = ("amp_bf16", "bf16", "tf32")
     for model, cfg, split in shapes:
@@ -124,8 +138,8 @@ def dist_cases(world: int) -> list[DistCase]:
         # FSDP2 with a MixedPrecisionPolicy (bf16 compute, fp32 master weights and gradient reduction)
         add("torch", "fsdp_z3", model, cfg, "mp_bf16", split, dp=world)
         add("torch", "fsdp_z2", model, cfg, "mp_bf16", split, dp=world)
-        # Megatron-Core: its standard --bf16 recipe, and fp32/tf32
-        for s in ("mp_bf16", "tf32"):
+        # Megatron-Core: its --bf16 and --fp16 recipes, and fp32/tf32
+        for s in mcore_settings:
             add("megatron", "mcore_dp", model, cfg, s, split, dp=world)
             add("megatron", "mcore_dp_distopt", model, cfg, s, split, dp=world, distributed_optimizer=True)
             add("megatron", "mcore_tp", model, cfg, s, split, tp=world)
@@ -139,7 +153,7 @@ def dist_cases(world: int) -> list[DistCase]:
         add("torch", "tp", "qwen3-8b-L4", q3, s, "holdout", tp=world)
         add("torch", "tp_sp", "qwen3-8b-L4", q3, s, "holdout", tp=world)
         add("torch", "pp_1f1b", "qwen3-8b-L4", q3, s, "holdout", pp=world, m=4)
-    for s in ("mp_bf16", "tf32"):  # and under Megatron-Core (its local spec with qk_layernorm)
+    for s in mcore_settings:  # and under Megatron-Core (its local spec with qk_layernorm)
         q3 = layers_of(QWEN3_8B, 4)
         add("megatron", "mcore_dp", "qwen3-8b-L4", q3, s, "holdout", dp=world)
         add("megatron", "mcore_tp", "qwen3-8b-L4", q3, s, "holdout", tp=world)

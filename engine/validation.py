@@ -121,6 +121,7 @@ DIST_KINDS: dict[str, dict[str, Any]] = {
     "mcore_dp": {"framework": "megatron"}, "mcore_dp_distopt": {"framework": "megatron", "zero": 1},
     "mcore_tp": {"framework": "megatron"}, "mcore_pp": {"framework": "megatron"},
     "mcore_moe": {"framework": "megatron"}, "mcore_moe_distopt": {"framework": "megatron", "zero": 1},
+    "mcore_1gpu": {"framework": "megatron"},
 }
 
 

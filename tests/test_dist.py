@@ -42,3 +42,23 @@ def test_every_torch_stack_on_cpu_and_a_rerun_adds_nothing(tmp_path: Path) -> No
     assert r.returncode == 0, r.stderr[-3000:]
     again = [x for f in out.glob("*.parquet") for x in pq.read_table(f).to_pylist()]
     assert sorted(x["case_id"] for x in again) == sorted(x["case_id"] for x in rows)
+
+
+def test_campaign_lists_each_world_size_once_per_configuration() -> None:
+    """Every case id is unique and its sizes multiply to the world; on one GPU only Megatron-Core's step is listed
+    (every torch kind degenerates to the one-GPU HF campaign's plain step), in its three recipes, with one
+    micro-batch and with four accumulated; Megatron's --fp16 recipe is in every world's list."""
+    from tp_query.collector.dist_validate import MEGATRON_KINDS, TORCH_KINDS, dist_cases
+
+    for world in (1, 2, 4, 8):
+        cases = dist_cases(world)
+        ids = [c.case_id for c in cases]
+        assert len(ids) == len(set(ids)), world
+        assert all(c.dp * c.tp * c.pp == world for c in cases)
+        assert all(c.kind in (TORCH_KINDS if c.framework == "torch" else MEGATRON_KINDS) for c in cases)
+        assert any(c.framework == "megatron" and c.setting == "mp_fp16" for c in cases), world
+    one = dist_cases(1)
+    assert {c.kind for c in one} == {"mcore_1gpu"}
+    assert {(c.setting, c.micro_batches) for c in one} == {(s, m) for s in ("mp_bf16", "mp_fp16", "tf32")
+                                                           for m in (1, 4)}
+    assert {c.model for c in one} == {"llama3-8b-L4", "qwen2-7b-L4", "qwen3-8b-L4"}
