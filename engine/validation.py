@@ -362,9 +362,10 @@ def dist_markdown(cases: list[CaseResult]) -> list[str]:
     def pct(x: float) -> str:
         return "n/a" if x != x else f"{100 * x:.1f}%"
 
-    L = ["", "## Distributed runs (2 x H200, NVLink, one host)", "",
+    L = ["", "## Distributed runs (2 x H200, NVLink, one host; Megatron-Core also on 1)", "",
          "Real training iterations of HuggingFace Llama-3-8B and Qwen2-7B shapes cut to 4 layers (4096 tokens, "
-         "micro-batch 1) under the stacks users run (`make validate-dist`, collector/dist_validate.py): PyTorch "
+         "micro-batch 1) under the stacks users run (`make validate-dist`, collector/dist_validate.py; "
+         "`mcore_1gpu`: `make validate-dist NGPU=1`, Megatron-Core's own step on one GPU): PyTorch "
          "DDP, FSDP2, DTensor tensor parallel with Megatron semantics (with and without sequence parallel) and "
          "torch.distributed.pipelining; Megatron-Core 0.19.2 (local layer spec: no Transformer Engine). The "
          "iteration is the slowest rank's median; memory is the largest per-rank peak.", "",
