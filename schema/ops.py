@@ -667,7 +667,7 @@ def _attn_flops(mult: float) -> Callable[[OpCall, Features], float]:
 
 
 ATTN_SEQS = (256, 512, 1024, 2048, 4096, 8192, 16384)
-ATTN_HEADS = (1, 2, 4, 8, 16, 32, 64)
+ATTN_HEADS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # batch x heads: small models train micro-batches of 8-32
 ATTN_HEAD_DIMS = (64, 128)
 MLA_HEAD_DIMS = (192, 128)  # (query/key, value) head sizes of multi-head latent attention
 ATTN_FLOP_CAP = {Precision.FP32: 0.4e12, Precision.TF32: 0.4e12, Precision.FP16: 6e12, Precision.BF16: 6e12}
