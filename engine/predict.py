@@ -433,6 +433,8 @@ class _Assemble:
                 g, _ = seg.times(host)
                 w = seg.weights()
                 for it, t, wi, code in zip(seg.items, g, w, seg.src, strict=True):
+                    if not wi:  # a layer kind this stage does not hold (its share of the layers is 0)
+                        continue
                     row = op_rows.setdefault((it.phase.value, it.key), [it, 0, float(t / wi), str(SOURCES[code])])
                     row[1] += mult * wi
         mems = [stage_memory(self.g, s, par, self.req.optimizer, self.eng.gpu) for s in self.stages]

@@ -7,6 +7,7 @@ layer's parameters from its own kind's."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from tp_query.schema.model_config import ConfigError, depth_kinds, parse_config
@@ -211,3 +212,18 @@ def test_a_pipeline_stage_weighs_its_own_layer_kinds() -> None:
     # without PP the model-wide mix
     (only,) = comp.stages(ParallelConfig())
     assert only.layer_mix is None
+
+
+def test_a_stage_without_some_layer_kind_lists_only_its_own_operators(cpu_db: Path) -> None:
+    """The per-operator table of a PP stage that holds no dense layer (GLM, stage 1 of 2): every row has a finite
+    per-call latency and a positive count (a kind whose share of the stage is 0 is left out, not divided by 0)."""
+    import math
+
+    from tp_query.engine.parallel import ParallelConfig
+    from tp_query.engine.predict import Engine, PredictRequest
+    from tp_query.schema.precision import Setting
+
+    req = PredictRequest(model=GLM, model_name="glm", gpu="cpu", setting=Setting.BF16,
+                         parallel=ParallelConfig(pp=2, global_batch=4), seq_len=32)
+    p = Engine("cpu", str(cpu_db)).predict(req, with_ops=True)
+    assert p.ops and all(math.isfinite(r.latency_us) and math.isfinite(r.total_ms) and r.count > 0 for r in p.ops)
