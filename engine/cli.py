@@ -466,8 +466,8 @@ def search(
                                                   "torchrun | megatron")] = None,
     system: SystemOpt = None,
     torch_version: TorchOpt = None,
-    jobs: Annotated[int, typer.Option(help="processes tracing the model's graphs (0: the machine's cores, "
-                                           "at most 8)")] = 0,
+    jobs: Annotated[int, typer.Option(help="processes tracing the model's graphs and evaluating the candidates "
+                                           "(0: the machine's cores, at most 8)")] = 0,
 ) -> None:
     """Search DP/TP/PP, micro-batch, precision, SP, ZeRO and recomputation for N GPUs; rank by speed."""
 

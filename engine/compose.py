@@ -158,7 +158,11 @@ class Composer:
         # Parameters and optimizer steps do not depend on micro-batch, sequence, SP or recompute: graphs
         # that differ only there share these per-stage lists (a search builds each once).
         self._stage_cache = shared if shared is not None else {}
-        self.param_key = (tuple(graph.params), tuple(o.sig for o in self.opt_records), allow_tf32)
+        # interned: every stage-list key holds it, and hashing ~300 parameter records per lookup cost a search
+        # more than the lookups themselves
+        interned = self._stage_cache.setdefault(("param_keys",), {})
+        self.param_key = interned.setdefault((tuple(graph.params), tuple(o.sig for o in self.opt_records),
+                                              allow_tf32), len(interned))
         self.traced_numel = max(sum(p.numel for p in graph.params), 1)
 
     def part(self, phase: Phase, section: Section) -> list[Item]:

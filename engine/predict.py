@@ -85,6 +85,8 @@ class Engine:
         except ValueError as e:
             raise PredictError(str(e)) from None
         self.torch_version = torch_version
+        # what a planner's worker processes build their own engine from (search evaluates in several)
+        self.init_args = (gpu, db_root, system, torch_version)
         self.db = DbSnapshot(self.gpu.name, db_root, torch_version)  # no DuckDB when a snapshot exists
         self.latency = LatencyModel(self.db, self.gpu)
         self.host = self._host_model(db_root)

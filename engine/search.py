@@ -134,8 +134,9 @@ def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate,
 def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: float | None = None,
            price_per_gpu_hour: float | None = None, name: str = "model",
            progress: Callable[[int, int], None] | None = None, jobs: int | None = None) -> SearchResult:
-    """jobs: processes that trace the uncached graphs first (None or 0: the machine's cores, at most 8; 1: none,
-    each graph is traced when its first candidate needs it)."""
+    """jobs: processes that trace the uncached graphs first, then evaluate the candidates, those of one precision
+    and TP degree in one process (None or 0: the machine's cores, at most 8; 1: this process alone, each graph
+    traced when its first candidate needs it). The outcomes do not depend on it."""
     for what, v, low, top in (("--gpus", space.gpus, 1, 1 << 20), ("--global-batch", space.global_batch, 1, 1 << 31),
                               ("--seq-len", space.seq_len, 2, 1 << 22)):
         if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= top:
@@ -176,35 +177,112 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
         raise SearchError(f"--jobs must be an integer in 0..256 (0: the machine's cores), got {jobs!r}")
     from .graphcache import default_jobs, trace_missing
 
-    trace_missing(reqs, jobs or default_jobs(), progress)
+    workers = jobs or default_jobs()
+    trace_missing(reqs, workers, progress)
+    evaluated = _evaluate(engine, list(zip(valid, reqs, strict=True)), tokens, price_per_gpu_hour, space.gpus,
+                          workers, progress)
     eval_time = 0.0
-    for i, (c, req) in enumerate(zip(valid, reqs, strict=True)):
-        try:
-            g = engine.graph(req)  # trace (once per graph key) outside the timed evaluation
-        except PredictError as e:
-            rejected.append(Outcome(c, None, None, None, False, str(e)))
-            continue
-        try:
-            te = time.perf_counter()
-            p: Prediction = engine.predict(req, graph=g)
-            eval_time += time.perf_counter() - te
-        except PredictError as e:
-            rejected.append(Outcome(c, None, None, None, False, str(e)))
-            continue
-        hours = cost = None
-        if tokens:
-            hours = tokens / p.tokens_per_s / 3600.0
-            if price_per_gpu_hour is not None:
-                cost = hours * space.gpus * price_per_gpu_hour
-        o = Outcome(c, p.iteration_ms, p.tokens_per_s, p.peak_memory_gib, p.fits,
-                    "" if p.fits else f"out of memory: peak {p.peak_memory_gib:.1f} GiB > "
-                                      f"{p.memory['capacity_gib']:.1f} GiB usable",
-                    p.breakdown, hours, cost)
-        (ranked if p.fits else rejected).append(o)
-        if progress:
-            progress(i + 1, len(valid))
+    for o, dt in evaluated:
+        eval_time += dt
+        (ranked if o.fits else rejected).append(o)
     ranked.sort(key=lambda o: o.iteration_ms or float("inf"))
     return SearchResult(ranked, rejected, len(valid), time.perf_counter() - t0, eval_time)
+
+
+def _outcome(engine: Engine, c: Candidate, req: PredictRequest, tokens: float | None,
+             price_per_gpu_hour: float | None, gpus: int) -> tuple[Outcome, float]:
+    """One candidate's outcome and the seconds its prediction took (its graph's trace or instantiation apart)."""
+    try:
+        g = engine.graph(req)  # trace (once per graph key) outside the timed evaluation
+    except PredictError as e:
+        return Outcome(c, None, None, None, False, str(e)), 0.0
+    te = time.perf_counter()
+    try:
+        p: Prediction = engine.predict(req, graph=g)
+    except PredictError as e:
+        return Outcome(c, None, None, None, False, str(e)), time.perf_counter() - te
+    dt = time.perf_counter() - te
+    hours = cost = None
+    if tokens:
+        hours = tokens / p.tokens_per_s / 3600.0
+        if price_per_gpu_hour is not None:
+            cost = hours * gpus * price_per_gpu_hour
+    return Outcome(c, p.iteration_ms, p.tokens_per_s, p.peak_memory_gib, p.fits,
+                   "" if p.fits else f"out of memory: peak {p.peak_memory_gib:.1f} GiB > "
+                                     f"{p.memory['capacity_gib']:.1f} GiB usable",
+                   p.breakdown, hours, cost), dt
+
+
+# Below this many candidates a search evaluates in its own process: a worker's start (imports and its engine,
+# about a second) would cost more than it saves.
+PARALLEL_MIN_CANDIDATES = 400
+
+
+def _evaluate_chunk(engine_args: tuple[Any, ...], work: list[tuple[int, Candidate, PredictRequest]],
+                    tokens: float | None, price_per_gpu_hour: float | None, gpus: int
+                    ) -> list[tuple[int, Outcome, float]]:
+    """A worker's share of a search: whole graphs' candidates, with its own engine on the same database."""
+    eng = Engine(*engine_args)
+    return [(i, *_outcome(eng, c, r, tokens, price_per_gpu_hour, gpus)) for i, c, r in work]
+
+
+def _evaluate(engine: Engine, work: list[tuple[Candidate, PredictRequest]], tokens: float | None,
+              price_per_gpu_hour: float | None, gpus: int, jobs: int,
+              progress: Callable[[int, int], None] | None) -> list[tuple[Outcome, float]]:
+    """Every candidate's outcome, in the order given. The candidates of one precision and TP degree stay in one
+    process (their graphs share instantiation, lookups and stage lists); with several jobs those groups are dealt
+    to worker processes, this process evaluating a share itself. The outcomes are the same as in one process: each is a pure function of
+    the database and the request."""
+    total = len(work)
+    out: list[tuple[Outcome, float] | None] = [None] * total
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, (c, _) in enumerate(work):
+        p = c.parallel
+        # what graphs share besides their own work: the parameter lists, optimizer steps and templates of one
+        # precision and TP degree (every micro-batch, SP and recompute variant), so those stay together
+        groups.setdefault((c.precision.value, p.tp), []).append(i)
+    shares: list[list[int]] = [[] for _ in range(max(1, min(jobs, len(groups))))]
+    if total < PARALLEL_MIN_CANDIDATES:
+        shares = [list(range(total))]
+    else:  # largest graphs first, each to the share with the fewest candidates so far
+        for idx in sorted(groups.values(), key=len, reverse=True):
+            min(shares, key=len).extend(idx)
+    done = 0
+    pool = None
+    futures = []
+    if len(shares) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        try:
+            pool = ProcessPoolExecutor(max_workers=len(shares) - 1, mp_context=multiprocessing.get_context("spawn"))
+            futures = [pool.submit(_evaluate_chunk, engine.init_args,
+                                   [(i, work[i][0], work[i][1]) for i in sorted(share)], tokens,
+                                   price_per_gpu_hour, gpus) for share in shares[1:]]
+        except (OSError, RuntimeError):  # no worker processes here (a sandbox): everything in this one
+            pool, futures = None, []
+            shares = [list(range(total))]
+    try:
+        for i in sorted(shares[0]):
+            out[i] = _outcome(engine, work[i][0], work[i][1], tokens, price_per_gpu_hour, gpus)
+            done += 1
+            if progress:
+                progress(done, total)
+        for f, share in zip(futures, shares[1:], strict=True):
+            try:
+                got = f.result()
+            except Exception:  # a worker died: its share here (its own errors are outcomes, not exceptions)
+                got = [(i, *_outcome(engine, work[i][0], work[i][1], tokens, price_per_gpu_hour, gpus))
+                       for i in sorted(share)]
+            for i, o, dt in got:
+                out[i] = (o, dt)
+            done += len(got)
+            if progress:
+                progress(done, total)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return [x for x in out if x is not None]
 
 
 def common_reason(outcomes: list[Outcome]) -> str:

@@ -71,6 +71,26 @@ def test_search_traces_its_graphs_in_worker_processes(cpu_db: Path, tmp_path: Pa
         search(Engine("cpu", str(cpu_db)), TINY_LLAMA, space, jobs=-1)
 
 
+def test_search_evaluates_in_worker_processes_with_the_same_outcomes(cpu_db: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With jobs > 1 the candidates are dealt to worker processes by precision and TP degree: every outcome
+    (time, memory, fit, reason, breakdown) and the order of both lists equal one process's, and progress
+    reaches the candidate count."""
+    from tp_query.engine import search as search_mod
+
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(search_mod, "PARALLEL_MIN_CANDIDATES", 0)  # a tiny search, dealt out all the same
+    space = SearchSpace(4, 8, 64, precisions=(Setting.AMP_BF16, Setting.BF16, Setting.FP32), micro_batches=(1, 2),
+                        zero_stages=(0, 1, 3), recompute=(False,))
+    one = search(Engine("cpu", str(cpu_db)), TINY_LLAMA, space, jobs=1)
+    seen: list[tuple[int, int]] = []
+    two = search(Engine("cpu", str(cpu_db)), TINY_LLAMA, space, jobs=2, progress=lambda i, n: seen.append((i, n)))
+    assert two.evaluated == one.evaluated > 10
+    for a, b in ((one.ranked, two.ranked), (one.rejected, two.rejected)):
+        assert [o.row() for o in a] == [o.row() for o in b]
+    assert seen[-1] == (one.evaluated, one.evaluated)
+
+
 def test_fp8_under_tensor_parallelism_is_refused_not_guessed(cpu_db: Path, tiny_llama_file: Path) -> None:
     """torchao's float8 TP styles are not modelled: predict refuses in one line (with or without SP) and a search
     over fp8 rejects its TP candidates with that reason instead of crashing in the trace."""

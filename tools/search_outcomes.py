@@ -1,6 +1,6 @@
 """Every outcome of two searches (8B over 64 GPUs and 70B over 32, every precision) as JSON, and the comparison of two
 such files (iteration time and peak memory to 1e-9, fits): how stop 24 checked that its speed work changed no answer.
-    .venv/bin/python tools/search_outcomes.py OUT.json          (TP_QUERY_CACHE=/tmp/prof/warm)
+    .venv/bin/python tools/search_outcomes.py OUT.json          (TP_QUERY_CACHE=/tmp/prof/warm; JOBS=1: one process)
     .venv/bin/python tools/search_outcomes.py --compare A.json B.json"""
 import json
 import os
@@ -15,7 +15,8 @@ def dump(path: str) -> None:
     out = {}
     for model, gpus, gb in (("examples/llama3.1-8b.json", 64, 512), ("examples/llama3.1-70b.json", 32, 256)):
         cfg = json.load(open(model))
-        r = search(Engine('h200'), cfg, SearchSpace(gpus, gb, 4096, precisions=tuple(Setting)))
+        r = search(Engine('h200'), cfg, SearchSpace(gpus, gb, 4096, precisions=tuple(Setting)),
+                   jobs=int(os.environ.get("JOBS", 0)))
         for o in r.ranked + r.rejected:
             out[model + " " + o.candidate.label()] = [o.iteration_ms, o.peak_memory_gib, o.fits, o.reason[:60],
                                                       o.breakdown]
