@@ -23,7 +23,15 @@ def _collect(a: argparse.Namespace) -> int:
     from tp_query.schema.ops import Operands
 
     from .campaign import CampaignAbort, run_campaign
-    from .plan import GRID_ORDER, grid_points, repeat_sample, signature_points, summary, with_operand_variant
+    from .plan import (
+        GRID_ORDER,
+        grid_points,
+        repeat_sample,
+        routed_points,
+        signature_points,
+        summary,
+        with_operand_variant,
+    )
     from .timing import ClosedFormTimer, Timer
 
     spec = gpu_spec(a.gpu)
@@ -38,7 +46,9 @@ def _collect(a: argparse.Namespace) -> int:
     for f in a.sigs or []:
         sp = signature_points(Path(f))
         points += sp
-    if a.operands:  # the fp16 GEMM points again, with other operands
+    if a.operands == "routed":  # the experts' batched GEMMs with a top-1 router's zero rows
+        points = routed_points([Precision(p) for p in a.precisions.split(",")] if a.precisions else GRID_ORDER)
+    elif a.operands:  # the fp16 GEMM points again, with other operands
         points = with_operand_variant(points, Operands(a.operands))
     remeasure = bool(a.remeasure_ops)
     if remeasure:  # only those operators, measured again over their old rows
@@ -163,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--repeat-fraction", type=float, default=0.0)
     c.add_argument("--plan-only", action="store_true")
     c.add_argument("--retry-errors", action="store_true", help="measure again points whose row failed")
-    c.add_argument("--operands", choices=("nan",), help="measure the selected fp16 GEMM points with these "
-                   "operands (nan: pure fp16 with Adam, whose weights are NaN after its first step)")
+    c.add_argument("--operands", choices=("nan", "routed"), help="measure the selected fp16 GEMM points with these "
+                   "operands (nan: pure fp16 with Adam, whose weights are NaN after its first step); routed: the "
+                   "expert-shaped batched GEMMs with the zero rows a top-1 router leaves (transformers' Llama-4)")
     c.add_argument("--remeasure-ops", help="comma-separated aten ops: measure their points again, replacing "
                    "the old rows (after a fix to how their inputs are made)")
     c.add_argument("--quiet", action="store_true")

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tp_query.schema.ops import CallInfo, Family, Operands, describe, grid_calls, with_operands
+from tp_query.schema.ops import (
+    CallInfo,
+    Family,
+    Operands,
+    describe,
+    grid_calls,
+    routed_expert_calls,
+    with_operands,
+)
 from tp_query.schema.precision import Precision
 from tp_query.schema.signature import OpCall, call_key
 
@@ -52,6 +60,13 @@ def with_operand_variant(points: list[Point], operands: Operands) -> list[Point]
 
 
 GRID_ORDER = (Precision.BF16, Precision.FP32, Precision.FP16, Precision.TF32)
+
+
+def routed_points(precisions: Iterable[Precision] = GRID_ORDER) -> list[Point]:
+    """The expert-shaped batched GEMMs of the grid with the zero rows a top-1 router leaves in them (dense experts:
+    schema.ops.routed_expert_calls), each beside its random-operand point."""
+    return _dedupe([make_point(c, p == Precision.TF32, "grid", ops) for p in precisions
+                    for c, ops in routed_expert_calls(p)])
 
 
 def grid_points(precisions: Iterable[Precision] = GRID_ORDER, kinds: set[str] | None = None,

@@ -65,6 +65,17 @@ def build(call: OpCall, device: torch.device, operands: Operands = Operands.RAND
     if kind.input_rule == InputRule.FROM_FORWARD:
         return _attention_backward(call, device)
     op = resolve_op(call.op)
+    args, kwargs = _inputs(call, device, operands)
+    return lambda: op(*args, **kwargs)
+
+
+def materialized_inputs(call: OpCall, device: torch.device, operands: Operands = Operands.RANDOM) -> list[Any]:
+    """The positional inputs `build` runs `call` on (tests read what the operands made of them)."""
+    return list(_inputs(call, device, operands)[0])
+
+
+def _inputs(call: OpCall, device: torch.device, operands: Operands) -> tuple[Any, dict[str, Any]]:
+    kind = REGISTRY.for_op(call.op)
     args, kwargs = materialize(call, device)
     if not any(True for _ in call.tensors()) and call.kwarg("device") is None:
         # a factory: the trace does not record its device (the model's own), and without one torch would
@@ -76,4 +87,25 @@ def build(call: OpCall, device: torch.device, operands: Operands = Operands.RAND
         for a in args:
             if isinstance(a, torch.Tensor) and a.is_floating_point():
                 a.fill_(float("nan"))
-    return lambda: op(*args, **kwargs)
+    elif operands in ROUTED_AXES:
+        _route(args, ROUTED_AXES[operands], device)
+    return args, kwargs
+
+
+# (operand, axis) pairs holding the tokens of a dense experts' batched GEMM [E, m, k] x [E, k, n]
+ROUTED_AXES = {Operands.ROUTED_A_ROWS: ((0, 1),), Operands.ROUTED_A_COLS: ((0, 2),),
+               Operands.ROUTED_A_COLS_B_ROWS: ((0, 2), (1, 1))}
+
+
+def _route(args: list[Any], axes: tuple[tuple[int, int], ...], device: torch.device) -> None:
+    """Zero every token's entries outside its one expert, as a top-1 router's weights do (each token's expert
+    drawn uniformly; the same draw for both operands of a weight gradient)."""
+    a = args[axes[0][0]]
+    experts, tokens = a.shape[0], a.shape[axes[0][1]]
+    gen = torch.Generator(device=device).manual_seed(0)
+    owner = torch.randint(0, experts, (tokens,), device=device, generator=gen)
+    keep = torch.zeros(experts, tokens, device=device, dtype=a.dtype)
+    keep[owner, torch.arange(tokens, device=device)] = 1
+    for i, axis in axes:
+        t = args[i]
+        t.mul_(keep[:, :, None] if axis == 1 else keep[:, None, :])

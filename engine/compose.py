@@ -13,13 +13,22 @@ Semantics (Megatron-LM style; see README "Parallelism semantics"):
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from tp_query.schema.ops import CallInfo, Operands, describe, step_operands, with_operands
+from tp_query.schema.ops import (
+    DENSE_ROUTED_MODEL_TYPES,
+    CallInfo,
+    Operands,
+    describe,
+    routed_operands,
+    step_operands,
+    with_operands,
+)
 from tp_query.schema.precision import DType
 from tp_query.schema.signature import OpCall, TensorSpec, call_key
 
@@ -109,6 +118,21 @@ def _call_item(call: OpCall, phase: Phase, allow_tf32: bool) -> Item:
     return make_item(call.op, call.to_json_str(), phase, allow_tf32, call)  # optimizer and DDP work: no GEMMs
 
 
+def dense_routed_experts(model: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(experts, hidden, expert FFN) of a model whose experts run densely over every token with a top-1 router's
+    zero weights in the data (schema.ops.DENSE_ROUTED_MODEL_TYPES: transformers' Llama-4), from the config the
+    graph was traced with (per-rank sizes); None for every other model."""
+    if model.get("model_type") not in DENSE_ROUTED_MODEL_TYPES:
+        return None
+    try:
+        cfg = json.loads(model.get("hf_config") or "{}")
+        experts, top_k = int(cfg.get("num_local_experts") or 0), int(cfg.get("num_experts_per_tok") or 1)
+        ffn, hidden = int(cfg.get("intermediate_size") or 0), int(model.get("hidden_size") or 0)
+    except (TypeError, ValueError):
+        return None
+    return (experts, hidden, ffn) if experts > 1 and top_k == 1 and ffn and hidden else None
+
+
 def split_layers(n_layers: int, pp: int) -> list[int]:
     if pp > n_layers:
         raise PlanError(f"PP={pp} is larger than the number of layers ({n_layers})")
@@ -134,11 +158,16 @@ class Composer:
         sec: dict[tuple[Phase, Section], list[Item]] = {}
         wts: dict[tuple[Phase, Section], list[float]] = {}
         src: dict[tuple[Phase, Section], list[int]] = {}
+        routed = dense_routed_experts(graph.meta.model) if self.operands == Operands.RANDOM else None
         for o in graph.ops:
             if o.section == Section.LAYER and o.layer not in weight_of:
                 continue
+            ops = self.operands
+            if routed is not None and o.op == "aten.bmm.default":  # the experts' batched GEMMs: the router's zeros
+                c = OpCall.from_json_str(o.op, o.sig)
+                ops = routed_operands(c.arg_tensor(0), c.arg_tensor(1), *routed)
             sec.setdefault((o.phase, o.section), []).append(make_item(o.op, o.sig, o.phase, allow_tf32,
-                                                                      operands=self.operands))
+                                                                      operands=ops))
             wts.setdefault((o.phase, o.section), []).append(weight_of.get(o.layer, 1.0)
                                                             if o.section == Section.LAYER else 1.0)
             src.setdefault((o.phase, o.section), []).append(o.layer)

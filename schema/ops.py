@@ -383,6 +383,20 @@ def _bmm_expert_calls(e: int, t: int, h: int, f: int, dt: DType) -> list[OpCall]
     ]
 
 
+def routed_expert_calls(p: Precision) -> Iterable[tuple[OpCall, Operands]]:
+    """The expert-shaped batched GEMMs of the grid (BMM_EXPERTS) with the operands a top-1 router leaves them
+    (routed_operands), for the dense experts of DENSE_ROUTED_MODEL_TYPES; the dense one is the grid's own."""
+    dt = PRECISION_DTYPE[p]
+    for e in BMM_EXPERTS:
+        for t in BMM_EXPERT_TOKENS:
+            for h, f in BMM_EXPERT_SIZES:
+                if 2.0 * e * t * h * 2 * f <= BMM_EXPERT_FLOP_CAP[p]:
+                    for c in _bmm_expert_calls(e, t, h, f, dt):
+                        ops = routed_operands(c.arg_tensor(0), c.arg_tensor(1), e, h, f)
+                        if ops != Operands.RANDOM:
+                            yield c, ops
+
+
 def _bmm_grid(p: Precision) -> Iterable[OpCall]:
     """Batched GEMMs shaped like attention's math path (fp32 with grouped-query heads): scores, P@V and
     their gradients; measured in every precision. Then experts as batched GEMMs (BMM_EXPERTS)."""
@@ -1408,6 +1422,47 @@ class Operands(StrEnum):
 
     RANDOM = ""
     NAN = "nan"
+    # A top-1 router's token rows (transformers' Llama-4 experts: every token through every expert as one batched
+    # GEMM, `hidden.repeat(E, 1) * router_scores` zeroing each token's row in the E - 1 experts it was not routed
+    # to): 1 in E rows nonzero, in operand a's rows (a1), a's columns (a2: a transposed activation, the weight
+    # gradients) or both a's columns and b's rows (a2b1). Measured 15% faster than random data at 16 experts: the
+    # zeros hold the power cap off (tools/zero_rows_probe.py).
+    ROUTED_A_ROWS = "routed-a1"
+    ROUTED_A_COLS = "routed-a2"
+    ROUTED_A_COLS_B_ROWS = "routed-a2b1"
+
+
+# Model types whose experts run densely over every token with the router's zero weights in the data (above);
+# the others dispatch only the routed tokens (index_select, grouped GEMMs).
+DENSE_ROUTED_MODEL_TYPES = ("llama4_text",)
+
+
+def _transposed(t: TensorSpec) -> bool:
+    """A batched matrix read transposed (a view of a [E, k, m] tensor as [E, m, k])."""
+    return t.strides is not None and len(t.strides) == 3 and t.strides[-2] == 1 and t.shape[-1] > 1
+
+
+def routed_operands(a: TensorSpec, b: TensorSpec, experts: int, hidden: int, ffn: int) -> Operands:
+    """Which operand of one of the dense experts' batched GEMMs a [E, m, k] x b [E, k, n] holds the router's zero
+    rows (RANDOM when none does, or when the sizes cannot tell the call apart). Forward: both operands as stored,
+    the activations' rows routed; input gradients: b a transposed weight, the gate-up's output gradient routed,
+    the down projection's not (the sum over experts hands every expert the full output gradient); weight
+    gradients: a a transposed activation, its columns routed, and for the gate-up b's rows too."""
+    if len(a.shape) != 3 or len(b.shape) != 3 or a.shape[0] != experts or b.shape[0] != experts or experts < 2 \
+            or a.shape[2] != b.shape[1] or hidden == 2 * ffn:
+        return Operands.RANDOM
+    m, k, n = a.shape[1], a.shape[2], b.shape[2]
+    if _transposed(a):  # weight gradients: activation^T @ output gradient
+        if (m, n) == (ffn, hidden):
+            return Operands.ROUTED_A_COLS  # down: h^T @ dY
+        if (m, n) == (hidden, 2 * ffn):
+            return Operands.ROUTED_A_COLS_B_ROWS  # gate-up: X^T @ d(gate, up)
+        return Operands.RANDOM
+    if _transposed(b):  # input gradients: output gradient @ weight^T
+        return Operands.ROUTED_A_ROWS if (k, n) == (2 * ffn, hidden) else Operands.RANDOM
+    if (k, n) in ((hidden, 2 * ffn), (ffn, hidden)):  # forward: gate-up, down
+        return Operands.ROUTED_A_ROWS
+    return Operands.RANDOM
 
 
 def step_operands(setting: str, optimizer: str) -> Operands:

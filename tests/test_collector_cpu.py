@@ -205,3 +205,38 @@ def test_remeasure_ops_replaces_rows_and_adds_none(tmp_path: Path) -> None:
     redone = [k for k, x in after.items() if x["op"] == "aten.mm.default"]
     assert redone and all(after[k]["measured_at"] >= before[k]["measured_at"] for k in redone)
     assert manifest.verify(out.parent, "cpu") == len(list(out.glob("*.parquet")))
+
+
+def test_routed_points_zero_each_tokens_row_outside_its_expert() -> None:
+    """The dense experts' GEMMs measured with a top-1 router's zeros: one point per routed call of the expert grid,
+    keyed apart from its random-operand twin; replayed (on the CPU, at the call's real shape), every token keeps its
+    entries in exactly one expert, in the operands and axes the engine's classification names."""
+    import torch
+    from tp_query.collector import replay
+    from tp_query.collector.plan import routed_points
+    from tp_query.schema.ops import Operands, routed_operands
+    from tp_query.schema.precision import DType, Precision
+    from tp_query.schema.signature import OpCall, TensorSpec
+
+    pts = routed_points([Precision.BF16])
+    assert len(pts) == len({p.key for p in pts}) == 40
+    assert all(p.key.endswith("|" + p.operands.value) and p.operands != Operands.RANDOM for p in pts)
+    assert {p.operands for p in pts} == {Operands.ROUTED_A_ROWS, Operands.ROUTED_A_COLS, Operands.ROUTED_A_COLS_B_ROWS}
+    dt = DType.FP32
+    e, t, h, f = 4, 6, 8, 5  # a small stand-in of each layout the classification tells apart
+    cases = {Operands.ROUTED_A_ROWS: (TensorSpec((e, t, h), dt), TensorSpec((e, h, 2 * f), dt)),
+             Operands.ROUTED_A_COLS: (TensorSpec((e, f, t), dt, (f * t, 1, f)), TensorSpec((e, t, h), dt)),
+             Operands.ROUTED_A_COLS_B_ROWS: (TensorSpec((e, h, t), dt, (h * t, 1, h)), TensorSpec((e, t, 2 * f), dt))}
+    for ops, (a, b) in cases.items():
+        assert routed_operands(a, b, e, h, f) == ops
+        call = OpCall("aten.bmm.default", (a, b))
+        fn = replay.build(call, torch.device("cpu"), ops)
+        got = replay.materialized_inputs(call, torch.device("cpu"), ops)
+        for i, axis in replay.ROUTED_AXES[ops]:
+            x = got[i]
+            nonzero = (x != 0).any(dim=3 - axis)  # [experts, tokens]: does the token keep entries there
+            assert nonzero.sum(dim=0).tolist() == [1] * t, (ops, i)
+        assert fn() is not None
+    # the down projection's input gradient reads the full output gradient
+    assert routed_operands(TensorSpec((e, t, h), dt), TensorSpec((e, h, f), dt, (f * h, 1, h)), e, h, f) == \
+        Operands.RANDOM

@@ -227,3 +227,24 @@ def test_a_stage_without_some_layer_kind_lists_only_its_own_operators(cpu_db: Pa
                          parallel=ParallelConfig(pp=2, global_batch=4), seq_len=32)
     p = Engine("cpu", str(cpu_db)).predict(req, with_ops=True)
     assert p.ops and all(math.isfinite(r.latency_us) and math.isfinite(r.total_ms) and r.count > 0 for r in p.ops)
+
+
+def test_llama4_experts_are_looked_up_with_the_routers_zero_rows() -> None:
+    """transformers' Llama-4 runs every token through every expert as one batched GEMM, the router's zero weights
+    in 3 of 4 rows here: its forward GEMMs and both weight gradients are keyed with the routed operands, the down
+    projection's input gradient (the full output gradient) and every other model's GEMMs with random ones."""
+    from tp_query.engine.compose import Composer
+    from tp_query.engine.graph import Phase
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.schema.precision import Setting
+
+    g = trace_config(TraceRequest(parse_config(LLAMA4), Setting.BF16, 1, 32))
+    comp = Composer(g, allow_tf32=False)
+    per_phase: dict[Phase, list[str]] = {}
+    for (phase, _), items in comp.sections.items():
+        per_phase.setdefault(phase, []).extend(it.key.partition("|")[2] for it in items
+                                               if it.call.op == "aten.bmm.default" and it.call.args[0].shape[0] == 4)
+    assert per_phase[Phase.FWD] == ["routed-a1"] * 4  # gate-up and down, two MoE layers
+    assert per_phase[Phase.BWD] == ["routed-a2", "", "routed-a2b1", "routed-a1"] * 2
+    dense = Composer(trace_config(TraceRequest(parse_config(GLM), Setting.BF16, 1, 32)), allow_tf32=False)
+    assert not any("|routed" in it.key for items in dense.sections.values() for it in items)
