@@ -446,7 +446,10 @@ class Composer:
             # PyTorch DDP's own kernels (Megatron-Core scales its gradient buffer in its DDP model instead)
             ddp_dp = par.dp if par.zero == 0 and par.framework == "torch" else 1
             pipelined = par.framework == "torch" and par.pp > 1 and par.micro_batches > 1
-            accumulates = par.micro_batches > 1 and par.zero < 2
+            # AccumulateGrad adds each micro-batch's gradient into .grad (PyTorch DDP, ZeRO-1, pipelining);
+            # Megatron-Core's DDP hook adds it into the fp32 main_grad buffer and sets .grad to None (traced in
+            # its backward), so nothing accumulates there; FSDP2 reduce-scatters every micro-batch's gradients
+            accumulates = par.micro_batches > 1 and par.zero < 2 and par.framework == "torch"
             # what the lists depend on: the stage's layer kinds in order, not which layers they are (a
             # stage of 2 uniform layers is the same work wherever it sits)
             kinds = tuple(self.template_for(i) for i in range(start, start + n)) if self.is_layered else ()

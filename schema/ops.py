@@ -1437,7 +1437,7 @@ class Operands(StrEnum):
 DENSE_ROUTED_MODEL_TYPES = ("llama4_text",)
 
 
-def _transposed(t: TensorSpec) -> bool:
+def _batch_transposed(t: TensorSpec) -> bool:
     """A batched matrix read transposed (a view of a [E, k, m] tensor as [E, m, k])."""
     return t.strides is not None and len(t.strides) == 3 and t.strides[-2] == 1 and t.shape[-1] > 1
 
@@ -1452,13 +1452,13 @@ def routed_operands(a: TensorSpec, b: TensorSpec, experts: int, hidden: int, ffn
             or a.shape[2] != b.shape[1] or hidden == 2 * ffn:
         return Operands.RANDOM
     m, k, n = a.shape[1], a.shape[2], b.shape[2]
-    if _transposed(a):  # weight gradients: activation^T @ output gradient
+    if _batch_transposed(a):  # weight gradients: activation^T @ output gradient
         if (m, n) == (ffn, hidden):
             return Operands.ROUTED_A_COLS  # down: h^T @ dY
         if (m, n) == (hidden, 2 * ffn):
             return Operands.ROUTED_A_COLS_B_ROWS  # gate-up: X^T @ d(gate, up)
         return Operands.RANDOM
-    if _transposed(b):  # input gradients: output gradient @ weight^T
+    if _batch_transposed(b):  # input gradients: output gradient @ weight^T
         return Operands.ROUTED_A_ROWS if (k, n) == (2 * ffn, hidden) else Operands.RANDOM
     if (k, n) in ((hidden, 2 * ffn), (ffn, hidden)):  # forward: gate-up, down
         return Operands.ROUTED_A_ROWS

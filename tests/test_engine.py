@@ -157,6 +157,23 @@ def test_megatron_core_is_its_own_graph_and_refuses_what_it_cannot_run(eng: Engi
             eng.predict(req(setting=Setting.MP_BF16, framework="megatron", **kw))
 
 
+def test_megatron_accumulates_micro_batches_in_its_buffer_not_in_grad(eng: Engine) -> None:
+    """Megatron-Core's DDP hook adds each micro-batch's gradient into the fp32 main_grad buffer and sets .grad to
+    None (in the traced backward), so a step of 4 micro-batches is 4 forward/backward passes and one optimizer
+    step, with no AccumulateGrad addition; PyTorch (DDP, one GPU) adds into .grad from the second micro-batch on."""
+    pytest.importorskip("torch")
+    for fw, setting in (("megatron", Setting.MP_BF16), ("torch", Setting.BF16)):
+        one = eng.assemble(req(setting=setting, framework=fw, global_batch=1))
+        four = eng.assemble(req(setting=setting, framework=fw, global_batch=4))
+        assert [len(r["accum"].items) for r in four.raw] == ([0] if fw == "megatron" else
+                                                              [len(four.stages[0].params)])
+        _, b1, _, _ = one.evaluate(eng.host)
+        _, b4, _, _ = four.evaluate(eng.host)
+        assert b4["forward_ms"] == pytest.approx(4 * b1["forward_ms"], rel=1e-9)
+        extra_bwd = b4["backward_ms"] - 4 * b1["backward_ms"]
+        assert (extra_bwd == pytest.approx(0, abs=1e-9)) if fw == "megatron" else extra_bwd > 0
+
+
 def test_pipeline_schedules(eng: Engine) -> None:
     one = eng.predict(req(pp=2, global_batch=8))
     gpipe = eng.predict(req(pp=2, global_batch=8, pp_schedule="gpipe"))
