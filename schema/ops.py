@@ -1494,10 +1494,12 @@ def describe(call: OpCall, allow_tf32: bool) -> CallInfo:
 
 def stored_description(row: dict[str, Any]) -> dict[str, Any]:
     """The description columns of a stored operator row (kind, family, FLOPs, bytes, features) as the registry
-    derives them from its signature; a NaN-operand row's operands are read from its key."""
+    derives them from its signature; the operands of a row measured on other data than random (NaN, a router's
+    zero rows) are read from its key."""
     info = describe(OpCall.from_json_str(row["op"], row["signature"]), row["math_mode"] == "tf32")
-    if str(row["key"]).endswith("|" + Operands.NAN.value):
-        info = with_operands(row["key"], info, Operands.NAN)[1]
+    suffix = str(row["key"]).rpartition("|")[2] if "|" in str(row["key"]) else ""
+    if suffix in {o.value for o in Operands if o != Operands.RANDOM}:
+        info = with_operands(row["key"], info, Operands(suffix))[1]
     return {"kind": info.kind, "family": str(info.family), "flops": info.flops, "bytes": info.bytes,
             **{c: info.features.get(c) for c in FEATURE_COLUMNS}}
 
