@@ -2,7 +2,7 @@
 the campaign's own Megatron build (LLaMA-3-8B shape, 4 layers, DP over the ranks), one profiled step after
 warm-up; rank 0 writes OUT/mcore-ops-SETTING.json with {aten op: [device us, calls]}, the iteration and the
 kernels' busy time. Compare offline with the engine's operator rows (`--compare OUT`).
-    torchrun --nproc-per-node 2 tools/mcore_op_profile.py OUT tf32 bf16
+    torchrun --nproc-per-node 2 tools/mcore_op_profile.py OUT tf32 bf16      (one GPU: OUT/mcore-ops-1gpu-SETTING.json)
 With MOE=1 (and EP=1|2) the Mixtral-8x7B shape at 2 layers as the MoE campaign runs it (DP over the ranks,
 experts over EP): OUT/mcore-ops-moe-ep<EP>-SETTING.json."""
 from __future__ import annotations
@@ -41,6 +41,8 @@ def record(out: Path, settings: list[str]) -> None:
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", device_id=dev)
     cfg, ep, tag = _case()
+    world = dist.get_world_size()
+    tag = f"{tag}{world}gpu-" if world != 2 else tag  # the 2-GPU files keep their names
     for s in settings:
         step, cleanup, _ = build_megatron_step(cfg, s, tp=1, pp=1, micro_batch=1, seq_len=CASE["seq"],
                                                micro_batches=1, distributed_optimizer=False, device=dev, ep=ep)
@@ -62,7 +64,8 @@ def record(out: Path, settings: list[str]) -> None:
                    if ev.device_type == torch.autograd.DeviceType.CUDA and "nccl" in ev.name.lower())
         if rank == 0:
             (out / f"mcore-ops-{tag}{s}.json").write_text(json.dumps({"ops": ops, "shaped": shaped, "busy_us": busy,
-                                                                 "nccl_us": nccl, "span_us": span}))
+                                                                 "nccl_us": nccl, "span_us": span,
+                                                                 "world": world}))
             print(f"{s}: busy {busy / 1e3:.1f} ms, nccl {nccl / 1e3:.1f} ms, {len(ops)} ops", flush=True)
         cleanup()
     dist.destroy_process_group()
@@ -76,10 +79,12 @@ def compare(out: Path) -> None:
         s = f.stem.removeprefix("mcore-ops-")
         real = json.loads(f.read_text())
         cfg, ep = layers_of(LLAMA3_8B, CASE["layers"]), 1
+        world = int(real.get("world", 2))
+        s = s.removeprefix(f"{world}gpu-")
         if s.startswith("moe-ep"):
             ep, s = int(s[6]), s[8:]
             cfg = layers_of(MIXTRAL_8X7B, 2)
-        p = predict(cfg, dp=2, ep=ep, framework="megatron", precision="mp_bf16" if s == "bf16" else s,
+        p = predict(cfg, dp=world, ep=ep, framework="megatron", precision={"bf16": "mp_bf16", "fp16": "mp_fp16"}.get(s, s),
                     with_ops=True)
         print(f"== {s}: real busy {real['busy_us'] / 1e3:.1f} ms (nccl {real['nccl_us'] / 1e3:.1f}), "
               f"engine {p.iteration_ms:.1f} ms")
