@@ -397,6 +397,11 @@ def routed_expert_calls(p: Precision) -> Iterable[tuple[OpCall, Operands]]:
                             yield c, ops
 
 
+# batch x heads of attention's math path (SDPA's math backend, eager attention): to 256 as the fused kernels' grid,
+# for micro-batches of small models and many-head ones (Falcon-7B's 71 heads)
+BMM_ATTENTION_BATCHES = (8, 16, 32, 64, 128, 256)
+
+
 def _bmm_grid(p: Precision) -> Iterable[OpCall]:
     """Batched GEMMs shaped like attention's math path (fp32 with grouped-query heads): scores, P@V and
     their gradients; measured in every precision. Then experts as batched GEMMs (BMM_EXPERTS)."""
@@ -406,7 +411,7 @@ def _bmm_grid(p: Precision) -> Iterable[OpCall]:
             for h, f in BMM_EXPERT_SIZES:
                 if 2.0 * e * t * h * 2 * f <= BMM_EXPERT_FLOP_CAP[p]:
                     yield from _bmm_expert_calls(e, t, h, f, dt)
-    for b in (8, 16, 32, 64):
+    for b in BMM_ATTENTION_BATCHES:
         for s in (512, 1024, 2048, 4096):
             for d in (64, 128):
                 for m, n, k in ((s, s, d), (s, d, s), (d, s, s)):
