@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .template import GraphTemplate
 
 TRACE_VERSION = 18  # 18: autograd formulas traced in their eager (in-place) branch
+MEGATRON_TRACE_VERSION = 2  # Megatron-Core graphs only (templates do not hold them)
 
 
 def cache_dir() -> Path:
@@ -78,7 +79,9 @@ def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
                        "project": _installed_version("tp-query", "source"),
                        # transformers-built families and torchao's fp8 are whatever version is installed
                        "transformers": _installed_version("transformers", "none") if spec.builder.value == "hf" else "",
-                       "torchao": _installed_version("torchao", "none") if "fp8" in req.setting.value else ""},
+                       "torchao": _installed_version("torchao", "none") if "fp8" in req.setting.value else "",
+                       # Megatron-Core steps traced again since (2: --fp16's unscale and inf check)
+                       **({"mcore": MEGATRON_TRACE_VERSION} if req.parallel.framework == "megatron" else {})},
                       sort_keys=True)
     return hashlib.blake2b(body.encode(), digest_size=10).hexdigest()
 

@@ -157,6 +157,17 @@ def test_megatron_core_is_its_own_graph_and_refuses_what_it_cannot_run(eng: Engi
             eng.predict(req(setting=Setting.MP_BF16, framework="megatron", **kw))
 
 
+def test_megatron_fp16_unscales_and_checks_its_main_grads(eng: Engine) -> None:
+    """--fp16's dynamic loss scaling: before the norms, the main grads are unscaled with an inf check whose flag the
+    host reads (megatron-core's MixedPrecisionOptimizer); --bf16 has neither."""
+    pytest.importorskip("torch")
+    ops = {r.op: r for r in eng.predict(req(setting=Setting.MP_FP16, framework="megatron"), with_ops=True).ops}
+    unscale = ops["aten._amp_foreach_non_finite_check_and_unscale_.default"]
+    assert unscale.phase == "opt" and unscale.count == 1 and unscale.latency_us > 0
+    bf16 = {r.op for r in eng.predict(req(setting=Setting.MP_BF16, framework="megatron"), with_ops=True).ops}
+    assert "aten._amp_foreach_non_finite_check_and_unscale_.default" not in bf16
+
+
 def test_megatron_accumulates_micro_batches_in_its_buffer_not_in_grad(eng: Engine) -> None:
     """Megatron-Core's DDP hook adds each micro-batch's gradient into the fp32 main_grad buffer and sets .grad to
     None (in the traced backward), so a step of 4 micro-batches is 4 forward/backward passes and one optimizer

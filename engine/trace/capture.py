@@ -91,7 +91,8 @@ class MegatronOptimizer:
     `dst.copy_(src)` under --bf16, `dst.copy_(src * 1.0)` under --fp16 (Float16OptimizerWithFloat16Params
     passes its overflow buffer to the multi-tensor scale only for fp16; without apex or TE that is
     megatron.core.utils.local_multi_tensor_scale; the distributed optimizer copies its shards plainly in both,
-    which a traced mp_fp16 step over-counts by that multiply); zero_grad clears the buffer. Clipping itself (a
+    which a traced mp_fp16 step over-counts by that multiply); under --fp16 the main grads are unscaled with an
+    inf check first, its flag read on the host; zero_grad clears the buffer. Clipping itself (a
     scale of every gradient) runs only when the norm exceeds the threshold: modelled as not taken, the steady
     state of training."""
 
@@ -106,6 +107,10 @@ class MegatronOptimizer:
         self.inner = make_optimizer(kind, self.master)
         self.extra_state: list[torch.Tensor] = [*self.main_grads, *(self.master if master else [])]
         self.half = master
+        # --fp16's dynamic loss scaling (MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan): the
+        # main grads unscaled with an inf check into found_inf, read on the host (`found_inf.item() > 0`)
+        self.found_inf = torch.zeros(1) if scaled_copy else None
+        self.inv_scale = torch.ones(1) if scaled_copy else None
 
     @staticmethod
     def _accumulate(main_grad: torch.Tensor, p: torch.Tensor) -> None:
@@ -122,6 +127,10 @@ class MegatronOptimizer:
 
         for m, g in zip(self.master, self.main_grads, strict=True):
             m.grad = g
+        if self.found_inf is not None and self.inv_scale is not None:
+            self.found_inf.fill_(0.0)
+            torch._amp_foreach_non_finite_check_and_unscale_(self.main_grads, self.found_inf, self.inv_scale)
+            emit_sync(self.found_inf)
         norms = [torch.norm(g) for g in self.main_grads]
         for n in norms:  # torch.tensor(list of CUDA scalars) reads each one on the host
             emit_sync(n)
