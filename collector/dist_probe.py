@@ -188,7 +188,9 @@ def _phase_times(kind: str, layers: int, setting: str, device: torch.device, ite
     if kind == "plain_tp_shard":
         cfg = tp_shard_config(cfg, world)
     model = _hf_model(cfg, torch.float32 if setting.startswith("amp") else torch.bfloat16, device)
-    ac = torch.autocast("cuda", dtype=torch.bfloat16) if setting.startswith("amp") else contextlib.nullcontext()
+    half = torch.float16 if setting == "amp_fp16" else torch.bfloat16
+    ac = torch.autocast("cuda", dtype=half) if setting.startswith("amp") else contextlib.nullcontext()
+    scaler = torch.amp.GradScaler("cuda") if setting == "amp_fp16" else None
     dp, tp = (world, 1) if kind in ("ddp", "fsdp_z3", "fsdp_z2") else ((1, world) if kind.startswith("tp") else
                                                                         (world, 1))
     case = DistCase("probe", "torch", kind, "tiny", cfg, "bf16", dp, tp, 1)
@@ -235,12 +237,18 @@ def _phase_times(kind: str, layers: int, setting: str, device: torch.device, ite
         if loss_ctx is not None:
             with loss_ctx():
                 loss.backward()
+        elif scaler is not None:
+            scaler.scale(loss).backward()
         else:
             loss.backward()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
         counter.phase = "opt"
-        opt.step()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         t3 = time.perf_counter()
@@ -303,6 +311,8 @@ def host_campaign(device: torch.device, prov: Any, out: Path | None, iters: int 
     rows = []
     for setting in ("bf16", "amp_bf16"):
         rows += _host_rows(device, prov, setting, iters, kinds)
+    if "plain" in kinds:  # GradScaler's host work (unscale_, its inf-flag read, update) on the plain model
+        rows += _host_rows(device, prov, "amp_fp16", iters, ("plain",))
     if dist.get_rank() == 0 and out is not None:
         _store_framework_rows(out, f"framework-r{dist.get_world_size()}-{machine_id()}", prov, rows)
         for r in rows:

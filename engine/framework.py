@@ -95,6 +95,7 @@ class FrameworkData:
     _extras: dict[tuple[str, str, str, int], HostExtra] = field(default_factory=dict, repr=False)
     # a planner asks the same few questions for every candidate: answers kept per view
     _per_op: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
+    _scaler: dict[str, float | None] = field(default_factory=dict, repr=False)
     _copy_lines: dict[tuple[str, str, int], tuple[float, float] | None] = field(default_factory=dict, repr=False)
     # FSDP2's copy kernels (kind fsdp_copy in the framework table): GPU work, not a host instance's cost
     copies: list[dict[str, Any]] = field(default_factory=list)
@@ -229,6 +230,29 @@ class FrameworkData:
                 out[f"{phase}_us"] = self._median_over_machines(rows)
         self._per_op[setting] = out
         return dict(out)
+
+    def grad_scaler_step_us(self) -> float | None:
+        """GradScaler's host work per optimizer step (unscale_ with its per-parameter Python, the read of the inf
+        flag, update): the plain model's fixed optimizer host time under amp_fp16 less under amp_bf16, on each
+        instance that measured both, the median over them (the chosen instance's where it has both); None when
+        no instance has. Its device kernels are traced operators; this is the host time around them."""
+        if "step" in self._scaler:
+            return self._scaler["step"]
+        deltas: dict[str, float] = {}
+        for m in {r.get("machine") or FIRST_MACHINE for r in self.host}:
+            fixed = {}
+            for st in ("amp_fp16", "amp_bf16"):
+                rows = [r for r in self._indexed("torch", lambda k: k == "plain", st, "opt", "fixed_us")
+                        if (r.get("machine") or FIRST_MACHINE) == m and r.get("status") == "ok"]
+                if rows:
+                    fixed[st] = statistics.median(float(r["value_us"]) for r in rows)
+            if len(fixed) == 2:
+                deltas[m] = max(fixed["amp_fp16"] - fixed["amp_bf16"], 0.0)
+        out = None
+        if deltas:
+            out = deltas[self.chosen] if self.chosen in deltas else statistics.median(deltas.values())
+        self._scaler["step"] = out
+        return out
 
     def host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
         key = (framework, kind, setting, ranks)

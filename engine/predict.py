@@ -276,6 +276,10 @@ class _Assemble:
         to this split, per stage, and plain eager PyTorch's per-operator costs where measured."""
         self.fw = fw
         self.host_extras = self._host_extras()
+        st_ = SETTINGS[self.req.setting]
+        # torch.amp.GradScaler's host work per step (every rank steps its own optimizer)
+        self.scaler_us = (fw.grad_scaler_step_us() or 0.0) if (
+            st_.grad_scaler and not st_.master_weights and self.par.framework == Framework.TORCH) else 0.0
         self.extras = [self._host_extra_us(st) for st in self.stages]
         self.host_measured = fw.per_op_host_us(self._host_setting())
 
@@ -295,7 +299,7 @@ class _Assemble:
 
     def _host_extra_us(self, st: StageWork) -> tuple[float, float, float]:
         """Extra host us per micro-batch (forward, backward) and per step (optimizer) for one stage."""
-        out = [0.0, 0.0, 0.0]
+        out = [0.0, 0.0, self.scaler_us]
         for e in self.host_extras:
             for i, ph in enumerate(("fwd", "bwd", "opt")):
                 out[i] += e.per_layer_us.get(ph, 0.0) * st.layers + (e.fixed_us.get(ph, 0.0) if
@@ -772,7 +776,8 @@ class _Assemble:
                 "model_graph": self._model_graph(),
                 "framework_data": {"interference": self.interference().source,
                                    "host_costs": sorted({e.source for e in self.host_extras}) or ["none"],
-                                   "per_op_host": "measured" if self.host_measured else "calibration"}}
+                                   "per_op_host": "measured" if self.host_measured else "calibration",
+                                   **({"grad_scaler_host_us": round(self.scaler_us, 1)} if self.scaler_us else {})}}
 
     def _model_graph(self) -> dict[str, Any]:
         """Where the operator graph came from and what it assumes (families, layer types, MoE routing)."""
