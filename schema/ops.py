@@ -1420,7 +1420,8 @@ class CallInfo:
 
 
 class Operands(StrEnum):
-    """What a GEMM's inputs hold when it is timed: the collector's random N(0,1) data, or NaN. Pure fp16
+    """What a GEMM's inputs hold when it is timed: the collector's random N(0,1) data, NaN, or a router's zero rows
+    (below). Pure fp16
     training with Adam puts NaN in every weight after its first step (eps = 1e-8 underflows to 0 in
     fp16: 0/0 updates), and from then on every GEMM runs on NaN, measured 6-9% faster on an H200 than on
     finite data (tools/operand_probe.py). Part of a point's key and of its GEMM category."""
