@@ -231,6 +231,26 @@ def test_host_costs_come_from_one_machine_instance() -> None:
         fd.on("mZ")
 
 
+def test_grad_scaler_step_is_the_amp_fp16_optimizer_fixed_cost_over_amp_bf16() -> None:
+    """GradScaler's host step per instance: the plain model's fixed optimizer host time under amp_fp16 less under
+    amp_bf16 (never negative); the typical host takes the median over instances that measured both, a chosen
+    instance its own where it has both; none measured: None."""
+    def row(setting: str, v: float, machine: str, phase: str = "opt", q: str = "fixed_us") -> dict[str, object]:
+        return {"framework": "torch", "kind": "plain", "setting": setting, "phase": phase, "quantity": q,
+                "value_us": v, "ranks": 1, "status": "ok", "machine": machine}
+
+    rows = [row("amp_bf16", 500.0, "mA"), row("amp_fp16", 580.0, "mA"),
+            row("amp_bf16", 600.0, "mB"), row("amp_fp16", 640.0, "mB"),
+            row("amp_bf16", 700.0, "mC"), row("amp_fp16", 650.0, "mC"),  # noise below 0: none
+            row("amp_bf16", 400.0, "mD"),  # only one setting: not counted
+            row("amp_fp16", 9000.0, "mA", q="per_op_us"), row("amp_fp16", 9000.0, "mB", phase="fwd")]
+    fd = FrameworkData([], rows)
+    assert fd.grad_scaler_step_us() == pytest.approx(40.0)  # median of 80, 40 and 0
+    assert fd.on("mA").grad_scaler_step_us() == pytest.approx(80.0)
+    assert fd.on("mD").grad_scaler_step_us() == pytest.approx(40.0)  # mD has no amp_fp16 rows: the median
+    assert FrameworkData([], rows[:1]).grad_scaler_step_us() is None
+
+
 def test_fsdp_copy_kernels_are_measured_lines_and_no_host_instance() -> None:
     """FSDP2's copy kernels come from the copies campaign: a line in the unit's MiB for the nearest world size
     and the element size's dtype, the median over the instances that measured it; the rows are GPU work and
