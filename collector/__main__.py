@@ -46,6 +46,10 @@ def _collect(a: argparse.Namespace) -> int:
     for f in a.sigs or []:
         sp = signature_points(Path(f))
         points += sp
+    if a.operands == "routed" and (a.grid or a.sigs or a.kinds):
+        print("error: --operands routed measures its own points (the grid's expert-shaped batched GEMMs): "
+              "drop --grid, --sigs and --kinds", file=sys.stderr)
+        return 2
     if a.operands == "routed":  # the experts' batched GEMMs with a top-1 router's zero rows
         points = routed_points([Precision(p) for p in a.precisions.split(",")] if a.precisions else GRID_ORDER)
     elif a.operands:  # the fp16 GEMM points again, with other operands

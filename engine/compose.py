@@ -162,11 +162,11 @@ class Composer:
         for o in graph.ops:
             if o.section == Section.LAYER and o.layer not in weight_of:
                 continue
-            ops = self.operands
+            ops, call = self.operands, None
             if routed is not None and o.op == "aten.bmm.default":  # the experts' batched GEMMs: the router's zeros
-                c = OpCall.from_json_str(o.op, o.sig)
-                ops = routed_operands(c.arg_tensor(0), c.arg_tensor(1), *routed)
-            sec.setdefault((o.phase, o.section), []).append(make_item(o.op, o.sig, o.phase, allow_tf32,
+                call = OpCall.from_json_str(o.op, o.sig)
+                ops = routed_operands(call.arg_tensor(0), call.arg_tensor(1), *routed)
+            sec.setdefault((o.phase, o.section), []).append(make_item(o.op, o.sig, o.phase, allow_tf32, call,
                                                                       operands=ops))
             wts.setdefault((o.phase, o.section), []).append(weight_of.get(o.layer, 1.0)
                                                             if o.section == Section.LAYER else 1.0)

@@ -231,8 +231,8 @@ def _evaluate(engine: Engine, work: list[tuple[Candidate, PredictRequest]], toke
               progress: Callable[[int, int], None] | None) -> list[tuple[Outcome, float]]:
     """Every candidate's outcome, in the order given. The candidates of one precision and TP degree stay in one
     process (their graphs share instantiation, lookups and stage lists); with several jobs those groups are dealt
-    to worker processes, this process evaluating a share itself. The outcomes are the same as in one process: each is a pure function of
-    the database and the request."""
+    to worker processes, this process evaluating a share itself. The outcomes are the same as in one process:
+    each is a pure function of the database and the request."""
     total = len(work)
     out: list[tuple[Outcome, float] | None] = [None] * total
     groups: dict[tuple[Any, ...], list[int]] = {}
@@ -241,10 +241,11 @@ def _evaluate(engine: Engine, work: list[tuple[Candidate, PredictRequest]], toke
         # what graphs share besides their own work: the parameter lists, optimizer steps and templates of one
         # precision and TP degree (every micro-batch, SP and recompute variant), so those stay together
         groups.setdefault((c.precision.value, p.tp), []).append(i)
-    shares: list[list[int]] = [[] for _ in range(max(1, min(jobs, len(groups))))]
+    shares: list[list[int]]
     if total < PARALLEL_MIN_CANDIDATES:
         shares = [list(range(total))]
-    else:  # largest graphs first, each to the share with the fewest candidates so far
+    else:  # largest groups first, each to the share with the fewest candidates so far
+        shares = [[] for _ in range(max(1, min(jobs, len(groups))))]
         for idx in sorted(groups.values(), key=len, reverse=True):
             min(shares, key=len).extend(idx)
     done = 0

@@ -383,18 +383,23 @@ def _bmm_expert_calls(e: int, t: int, h: int, f: int, dt: DType) -> list[OpCall]
     ]
 
 
-def routed_expert_calls(p: Precision) -> Iterable[tuple[OpCall, Operands]]:
-    """The expert-shaped batched GEMMs of the grid (BMM_EXPERTS) with the operands a top-1 router leaves them
-    (routed_operands), for the dense experts of DENSE_ROUTED_MODEL_TYPES; the dense one is the grid's own."""
-    dt = PRECISION_DTYPE[p]
+def _bmm_expert_grid(p: Precision) -> Iterable[tuple[int, int, int, list[OpCall]]]:
+    """(experts, hidden, expert FFN, its six calls) of every expert shape of the grid within the FLOP cap."""
     for e in BMM_EXPERTS:
         for t in BMM_EXPERT_TOKENS:
             for h, f in BMM_EXPERT_SIZES:
                 if 2.0 * e * t * h * 2 * f <= BMM_EXPERT_FLOP_CAP[p]:
-                    for c in _bmm_expert_calls(e, t, h, f, dt):
-                        ops = routed_operands(c.arg_tensor(0), c.arg_tensor(1), e, h, f)
-                        if ops != Operands.RANDOM:
-                            yield c, ops
+                    yield e, h, f, _bmm_expert_calls(e, t, h, f, PRECISION_DTYPE[p])
+
+
+def routed_expert_calls(p: Precision) -> Iterable[tuple[OpCall, Operands]]:
+    """The expert-shaped batched GEMMs of the grid (BMM_EXPERTS) with the operands a top-1 router leaves them
+    (routed_operands), for the dense experts of DENSE_ROUTED_MODEL_TYPES; the dense one is the grid's own."""
+    for e, h, f, calls in _bmm_expert_grid(p):
+        for c in calls:
+            ops = routed_operands(c.arg_tensor(0), c.arg_tensor(1), e, h, f)
+            if ops != Operands.RANDOM:
+                yield c, ops
 
 
 # batch x heads of attention's math path (SDPA's math backend, eager attention): to 256 as the fused kernels' grid,
@@ -406,11 +411,8 @@ def _bmm_grid(p: Precision) -> Iterable[OpCall]:
     """Batched GEMMs shaped like attention's math path (fp32 with grouped-query heads): scores, P@V and
     their gradients; measured in every precision. Then experts as batched GEMMs (BMM_EXPERTS)."""
     dt = PRECISION_DTYPE[p]
-    for e in BMM_EXPERTS:
-        for t in BMM_EXPERT_TOKENS:
-            for h, f in BMM_EXPERT_SIZES:
-                if 2.0 * e * t * h * 2 * f <= BMM_EXPERT_FLOP_CAP[p]:
-                    yield from _bmm_expert_calls(e, t, h, f, dt)
+    for _, _, _, calls in _bmm_expert_grid(p):
+        yield from calls
     for b in BMM_ATTENTION_BATCHES:
         for s in (512, 1024, 2048, 4096):
             for d in (64, 128):

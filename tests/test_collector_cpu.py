@@ -240,3 +240,6 @@ def test_routed_points_zero_each_tokens_row_outside_its_expert() -> None:
     # the down projection's input gradient reads the full output gradient
     assert routed_operands(TensorSpec((e, t, h), dt), TensorSpec((e, h, f), dt, (f * h, 1, h)), e, h, f) == \
         Operands.RANDOM
+    # its own points: a selection beside it would be dropped, so it is refused
+    r = run_collector("collect", "--gpu", "cpu", "--grid", "--kinds", "bmm", "--operands", "routed", "--plan-only")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--operands routed" in r.stderr
