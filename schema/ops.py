@@ -821,6 +821,8 @@ def _rowwise_bytes(reads: float, writes: float) -> Callable[[OpCall, Features], 
 NORM_ROWS = (1024, 4096, 16384, 65536)
 NORM_COLS = (512, 1024, 2048, 4096, 8192, 16384)
 SOFTMAX_COLS = (4096, 16384, 32000, 65536, 128256, 151936)
+# attention scores' rows: one per query of every head, as long as the key sequence (SDPA's math path)
+SCORE_COLS = (1024, 2048, 4096, 8192)
 ROWWISE_NUMEL_CAP = 2**31
 
 
@@ -860,6 +862,10 @@ def _softmax(op: str) -> Callable[[int, int, DType], OpCall]:
     return lambda r, col, dt: OpCall(op, (_t((r, col), dt), -1, False))
 
 
+def _safe_softmax(r: int, col: int, dt: DType) -> OpCall:
+    return OpCall("aten._safe_softmax.default", (_t((r, col), dt), -1))
+
+
 def _softmax_bwd(op: str) -> Callable[[int, int, DType], OpCall]:
     return lambda r, col, dt: OpCall(op, (_t((r, col), dt), _t((r, col), dt), -1, Scalar("dtype", str(dt))))
 
@@ -884,6 +890,11 @@ for _name, _ops, _feat, _build, _cols, _fl, _rw in (
     ("layer_norm_fwd", ("aten.native_layer_norm.default",), _rowwise_first, _ln_fwd, NORM_COLS, 6.0, (1, 1)),
     ("layer_norm_bwd", ("aten.native_layer_norm_backward.default",), _rowwise_first, _ln_bwd, NORM_COLS, 10.0, (2, 1)),
     ("softmax_fwd", ("aten._softmax.default",), _rowwise_first, _softmax("aten._softmax.default"), SOFTMAX_COLS, 5.0, (1, 1)),
+    # SDPA's math path (fp32 scores, eager models): softmax, then rows that are all -inf set to zero (on CUDA the
+    # softmax kernel, isneginf, an all-reduction per row and a where); row-wise like softmax, its cost per element
+    # follows the row length (an element-count blend of 2,048- and 8,192-long rows priced Falcon's 4,096-long
+    # ones 16% low: docs/validation-notes.md section 30)
+    ("safe_softmax_fwd", ("aten._safe_softmax.default",), _rowwise_first, _safe_softmax, SCORE_COLS, 5.0, (1, 1)),
     ("log_softmax_fwd", ("aten._log_softmax.default",), _rowwise_first, _softmax("aten._log_softmax.default"),
      SOFTMAX_COLS, 5.0, (1, 1)),
     ("softmax_bwd", ("aten._softmax_backward_data.default",), _rowwise_first,
@@ -1331,7 +1342,6 @@ ELEMENTWISE_GRID: dict[str, Callable[[int, DType], OpCall]] = {
     "add_Scalar": _scalar("aten.add.Scalar", 1.0),
     "mul_mixed": lambda n, dt: OpCall("aten.mul.Tensor", (_t((n,), dt), _t((n,), DType.FP32))),
     "add_mixed": lambda n, dt: OpCall("aten.add.Tensor", (_t((n,), DType.FP32), _t((n,), dt))),
-    "safe_softmax": lambda n, dt: OpCall("aten._safe_softmax.default", (_t((max(n // 2048, 1), 2048), dt), -1)),
     "zeros": _factory("aten.zeros.default"),
     "ones": _factory("aten.ones.default"),
     "full": _factory("aten.full.default", 0.0),
