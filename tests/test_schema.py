@@ -129,3 +129,15 @@ def test_call_text_is_the_canonical_json() -> None:
     assert call.to_json_str() == json.dumps(body, sort_keys=True, separators=(",", ":"))
     again = OpCall.from_json_str(call.op, call.to_json_str())
     assert OpCall(again.op, again.args, again.kwargs).to_json_str() == call.to_json_str()
+
+
+def test_safe_softmax_is_row_wise_by_row_length() -> None:
+    """SDPA's math-path softmax costs per element by its row length, like softmax: scores of 71 heads x 4,096
+    queries x 4,096 keys are 290,816 rows of 4,096, never blended with rows of another length by element count."""
+    call = OpCall("aten._safe_softmax.default", (TensorSpec((1, 71, 4096, 4096), DType.FP32), -1))
+    info = describe(call, False)
+    assert info.kind == "safe_softmax_fwd" and info.family == Family.ROWWISE
+    assert info.features["rows"] == 71 * 4096 and info.features["cols"] == 4096
+    assert info.bytes == 2 * 4 * 71 * 4096 * 4096
+    kinds = {kind.name for kind, _, c in grid_calls() if c.op == "aten._safe_softmax.default"}
+    assert kinds == {"safe_softmax_fwd"}
