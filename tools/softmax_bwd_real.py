@@ -1,5 +1,5 @@
 """Softmax backward as eager autograd runs it on score-sized tensors, against the bare aten call the collector
-times: per kernel (torch.profiler) and per call (CUDA events), for attention-score shapes in fp32/bf16/fp16.
+times: per kernel (torch.profiler) and per call (CUDA events), for attention-score shapes in fp32 and bf16.
     python3 tools/softmax_bwd_real.py          (on a GPU; prints one line per case and kernel)"""
 import torch
 from torch.profiler import ProfilerActivity, profile
