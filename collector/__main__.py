@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -237,5 +238,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _exit_launched(rc: int) -> None:
+    """Under torchrun, leave without interpreter teardown: gloo's and NCCL's background threads of sub-groups
+    (device meshes, pipeline stages) can still be joinable when C++ static destructors run, and a rare
+    `terminate called without an active exception` would turn a finished, fully written campaign into a
+    SIGABRT. Every row is flushed to Parquet before this point, so skipping teardown loses nothing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
+        _exit_launched(code)
+    sys.exit(code)

@@ -16,9 +16,9 @@ from .conftest import ROOT, TINY_LLAMA
 pytest.importorskip("transformers")
 
 
-def _run(model: Path, out: Path, port: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           str(port), "-m", "tp_query.collector", "dist-validate", "--gpu", "cpu", "--tiny-model",
+def _run(model: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           "-m", "tp_query.collector", "dist-validate", "--gpu", "cpu", "--tiny-model",
                            str(model), "--frameworks", "torch", "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, timeout=900)
 
@@ -27,7 +27,7 @@ def test_every_torch_stack_on_cpu_and_a_rerun_adds_nothing(tmp_path: Path) -> No
     model = tmp_path / "tiny.json"
     model.write_text(json.dumps(TINY_LLAMA))
     out = tmp_path / "val"
-    r = _run(model, out, 29631)
+    r = _run(model, out)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [x for f in out.glob("*.parquet") for x in pq.read_table(f).to_pylist()]
     kinds = {x["dist_kind"] for x in rows}
@@ -38,7 +38,7 @@ def test_every_torch_stack_on_cpu_and_a_rerun_adds_nothing(tmp_path: Path) -> No
         per_rank = json.loads(x["rank_json"])
         assert len(per_rank) == 2 and x["iteration_ms"] == max(p["median_ms"] for p in per_rank)
         assert x["dp"] * x["tp"] * x["pp"] == 2
-    r = _run(model, out, 29632)
+    r = _run(model, out)
     assert r.returncode == 0, r.stderr[-3000:]
     again = [x for f in out.glob("*.parquet") for x in pq.read_table(f).to_pylist()]
     assert sorted(x["case_id"] for x in again) == sorted(x["case_id"] for x in rows)
