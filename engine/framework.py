@@ -426,24 +426,88 @@ def ddp_buckets(sizes: list[int]) -> list[int]:
     return [b for b, _ in _bucket_ends([(0, s) for s in sizes])]
 
 
+@functools.lru_cache(maxsize=4096)
+def _ddp_buckets(head: tuple[int, ...], layer: tuple[int, ...], embed: tuple[int, ...], layers: int
+                 ) -> tuple[tuple[int, int], ...]:
+    """DDP's buckets of one stage's backward: (bytes, index of the compute task that fills it), the compute
+    tasks being the head, each layer, the embedding. A pure function of the parameter sizes (every host and
+    every DP size of a search shares it)."""
+    grads: list[tuple[int, int]] = [(0, b) for b in reversed(head)]
+    rl = tuple(reversed(layer))
+    for i in range(layers):
+        grads += [(1 + i, b) for b in rl]
+    grads += [(1 + layers, b) for b in reversed(embed)]
+    return tuple(_bucket_ends(grads))
+
+
+def _chain_after_compute(compute: list[float], comms: list[tuple[float, int, float, float]]) -> tuple[float, float]:
+    """`Timeline.run` for the shape DDP has: compute tasks in order without dependencies, and one chain of
+    collectives, each (us, the compute task it waits for, compute slowdown, its own slowdown beside compute)
+    starting once that task and the previous collective are done. The same fluid simulation, in one pass
+    (a search runs it for every candidate; tests check it against the general timeline)."""
+    n, nk = len(compute), len(comms)
+    done_c = -1  # the last compute task finished
+    ci = k = 0
+    c_run = k_run = False
+    crem = krem = 0.0
+    cs = ms = 1.0
+    now = end_c = end_m = 0.0
+    while True:
+        while not c_run and ci < n:
+            if compute[ci] <= 0.0:
+                done_c = ci
+                ci += 1
+                continue
+            c_run, crem = True, compute[ci]
+            ci += 1
+        while not k_run and k < nk:
+            us, producer, c_slow, m_slow = comms[k]
+            if producer > done_c:
+                break
+            k += 1
+            if us <= 0.0:
+                continue
+            k_run, krem, cs, ms = True, us, c_slow, m_slow
+        if c_run and k_run:
+            dt = min(crem * cs, krem * ms)
+            now += dt
+            r = crem - dt / cs
+            if r <= 1e-9:
+                c_run, done_c, end_c = False, ci - 1, now
+            else:
+                crem = r
+            r = krem - dt / ms
+            if r <= 1e-9:
+                k_run, end_m = False, now
+            else:
+                krem = r
+        elif c_run:
+            now += crem
+            c_run, done_c, end_c = False, ci - 1, now
+        elif k_run:
+            now += krem
+            k_run, end_m = False, now
+        else:
+            break
+    if k < nk:
+        raise RuntimeError("timeline deadlock: a collective waits for a compute task that does not exist")
+    return end_c, max(end_c, end_m)
+
+
 def ddp_overhead(s: StageShape, comm: CommFn, inter: Interference) -> float:
     """DDP: gradients fill buckets in reverse parameter order as backward produces them (LM head first,
     embedding last); each bucket's all-reduce starts when it is full and the previous one is done; compute
     and NCCL slow each other while both run. Returns the time backward plus the gradient reduction take
     beyond backward's plain compute, in us."""
-    tl = Timeline()
-    grads: list[tuple[int, int]] = []  # (task that produced it, bytes), in the order backward produces them
-    t = tl.add("compute", s.bwd_head_us)
-    grads += [(t, b) for b in reversed(s.head_params)]
-    for _ in range(s.layers):
-        t = tl.add("compute", s.bwd_layer_us)
-        grads += [(t, b) for b in reversed(s.layer_params)]
-    t = tl.add("compute", s.bwd_embed_us)
-    grads += [(t, b) for b in reversed(s.embed_params)]
-    prev: int | None = None
-    for nbytes, producer in _bucket_ends(grads):
-        prev = tl.comm(inter, "all_reduce", nbytes, comm("all_reduce", nbytes), [producer, prev])
-    _, end = tl.run()
+    compute = [s.bwd_head_us, *([s.bwd_layer_us] * s.layers), s.bwd_embed_us]
+    priced: dict[int, tuple[float, float, float]] = {}
+    comms = []
+    for nbytes, producer in _ddp_buckets(s.head_params, s.layer_params, s.embed_params, s.layers):
+        p = priced.get(nbytes)
+        if p is None:
+            p = priced[nbytes] = (comm("all_reduce", nbytes), *inter.factors("all_reduce", nbytes))
+        comms.append((p[0], producer, p[1], p[2]))
+    _, end = _chain_after_compute(compute, comms)
     return end - s.plain_bwd_us
 
 

@@ -77,6 +77,44 @@ def test_ddp_exposes_only_what_backward_cannot_hide() -> None:
     assert fast == pytest.approx(1.0)
 
 
+def _ddp_by_timeline(s: StageShape, comm, inter: Interference) -> float:  # type: ignore[no-untyped-def]
+    """DDP's backward as the general two-stream timeline runs it (what the one-pass DDP path must equal)."""
+    from tp_query.engine.framework import _bucket_ends
+
+    tl = Timeline()
+    grads: list[tuple[int, int]] = []
+    t = tl.add("compute", s.bwd_head_us)
+    grads += [(t, b) for b in reversed(s.head_params)]
+    for _ in range(s.layers):
+        t = tl.add("compute", s.bwd_layer_us)
+        grads += [(t, b) for b in reversed(s.layer_params)]
+    t = tl.add("compute", s.bwd_embed_us)
+    grads += [(t, b) for b in reversed(s.embed_params)]
+    prev = None
+    for nbytes, producer in _bucket_ends(grads):
+        prev = tl.comm(inter, "all_reduce", nbytes, comm("all_reduce", nbytes), [producer, prev])
+    return tl.run()[1] - s.plain_bwd_us
+
+
+def test_ddp_one_pass_equals_the_general_timeline_on_random_stages() -> None:
+    """The one-pass DDP simulation against the general timeline: random layer counts, parameter sizes (buckets
+    closing mid-layer, parameters larger than a bucket), zero-length sections, bandwidths and slowdowns."""
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        sizes = lambda n: tuple(int(x) for x in rng.choice([0, 4096, 1 << 20, 9 << 20, 40 << 20, 300 << 20], n))
+        s = StageShape(fwd_embed_us=0.0, fwd_layer_us=0.0, fwd_head_us=0.0,
+                       bwd_head_us=float(rng.choice([0.0, rng.uniform(1, 3000)])),
+                       bwd_layer_us=float(rng.choice([0.0, rng.uniform(1, 5000)])),
+                       bwd_embed_us=float(rng.choice([0.0, rng.uniform(1, 100)])), layers=int(rng.integers(0, 9)),
+                       embed_params=sizes(int(rng.integers(0, 2))), layer_params=sizes(int(rng.integers(1, 12))),
+                       head_params=sizes(int(rng.integers(0, 3))))
+        alpha, bw = float(rng.uniform(0, 50)), float(rng.uniform(20e3, 400e3))
+        inter = Interference({"all_reduce": [(1e5, float(rng.uniform(1, 1.5)), float(rng.uniform(1, 2))),
+                                             (1e9, float(rng.uniform(1, 1.5)), float(rng.uniform(1, 2)))]})
+        comm = lambda k, b: alpha + b / bw  # noqa: E731
+        assert ddp_overhead(s, comm, inter) == pytest.approx(_ddp_by_timeline(s, comm, inter), rel=1e-9, abs=1e-6)
+
+
 def test_fsdp_exposes_the_first_gather_and_the_last_reduce_scatter() -> None:
     s = _shape(layer_us=3000.0)  # a layer computes longer than its gather (1.36 ms) takes
     none = Interference()
