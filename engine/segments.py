@@ -18,7 +18,7 @@ from .lookup import Query, Source
 from .request import PredictError
 
 if TYPE_CHECKING:
-    from .predict import Engine
+    from .engine import Engine
 
 SYNC_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten.item.default")
 

@@ -100,8 +100,14 @@ def test_ddp_one_pass_equals_the_general_timeline_on_random_stages() -> None:
     """The one-pass DDP simulation against the general timeline: random layer counts, parameter sizes (buckets
     closing mid-layer, parameters larger than a bucket), zero-length sections, bandwidths and slowdowns."""
     rng = np.random.default_rng(7)
+
+    def sizes(n: int) -> tuple[int, ...]:
+        return tuple(int(x) for x in rng.choice([0, 4096, 1 << 20, 9 << 20, 40 << 20, 300 << 20], n))
+
+    def priced(alpha: float, bw: float):  # type: ignore[no-untyped-def]
+        return lambda k, b: alpha + b / bw
+
     for _ in range(300):
-        sizes = lambda n: tuple(int(x) for x in rng.choice([0, 4096, 1 << 20, 9 << 20, 40 << 20, 300 << 20], n))
         s = StageShape(fwd_embed_us=0.0, fwd_layer_us=0.0, fwd_head_us=0.0,
                        bwd_head_us=float(rng.choice([0.0, rng.uniform(1, 3000)])),
                        bwd_layer_us=float(rng.choice([0.0, rng.uniform(1, 5000)])),
@@ -111,7 +117,7 @@ def test_ddp_one_pass_equals_the_general_timeline_on_random_stages() -> None:
         alpha, bw = float(rng.uniform(0, 50)), float(rng.uniform(20e3, 400e3))
         inter = Interference({"all_reduce": [(1e5, float(rng.uniform(1, 1.5)), float(rng.uniform(1, 2))),
                                              (1e9, float(rng.uniform(1, 1.5)), float(rng.uniform(1, 2)))]})
-        comm = lambda k, b: alpha + b / bw  # noqa: E731
+        comm = priced(alpha, bw)
         assert ddp_overhead(s, comm, inter) == pytest.approx(_ddp_by_timeline(s, comm, inter), rel=1e-9, abs=1e-6)
 
 

@@ -1,0 +1,296 @@
+"""The prediction of one step: a step schedule's times turned into the user's answer (iteration time and
+its breakdown, peak memory per stage, where the numbers came from, FLOPs and MFU, per-operator rows, and
+every warning a user must see). The last module of the pipeline graph -> stages -> costed stages ->
+schedule -> prediction."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict
+from typing import Any, cast
+
+import numpy as np
+from tp_query.schema.model_config import VALIDATED_MODEL_TYPES, ArchFamily, family_label
+from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
+from tp_query.schema.signature import TensorSpec
+
+from .flops import graph_parameter_count, megatron_model_flops, parameter_count
+from .framework import Framework
+from .graph import Phase, Section
+from .hostsim import HostModel
+from .lookup import Source
+from .memory import stage_memory
+from .request import OpRow, PredictError, Prediction
+from .schedule import StepSchedule
+from .segments import SOURCES, Segment
+
+
+class Assembled(StepSchedule):
+    """A step schedule that answers: `run` evaluates it under the engine's host model and builds the
+    Prediction (search, the API and the report call it)."""
+
+    def run(self, host: HostModel | None = None, host_range: bool = False) -> Prediction:
+        host = host or self.eng.host
+        par = self.par
+        total_us, breakdown, per_stage, crit = self.evaluate(host)
+        m = par.micro_batches
+        source_time: dict[str, float] = defaultdict(float)
+        op_rows: dict[tuple[str, str], list[Any]] = {}
+        raw = self.raw[crit]
+        src_sums: dict[str, np.ndarray] = per_stage[crit]["src"]  # type: ignore[assignment]
+        for name, mult in (("fwd", m), ("bwd", m), ("opt", 1), ("accum", max(m - 1, 0)), ("ddp", 1)):
+            for i, v in enumerate(src_sums[name] * mult):
+                if v:
+                    source_time[str(SOURCES[i])] += float(v)
+            if self.with_ops:
+                seg = cast(Segment, raw[name])
+                g, _ = seg.times(host)
+                w = seg.weights()
+                for it, t, wi, code in zip(seg.items, g, w, seg.src, strict=True):
+                    if not wi:  # a layer kind this stage does not hold (its share of the layers is 0)
+                        continue
+                    row = op_rows.setdefault((it.phase.value, it.key), [it, 0, float(t / wi), str(SOURCES[code])])
+                    row[1] += mult * wi
+        mems = [stage_memory(self.g, s, par, self.req.optimizer, self.eng.gpu) for s in self.stages]
+        mem = max(mems, key=lambda x: x.peak_bytes)
+        fits = all(x.fits for x in mems)
+        if not fits:
+            self.warnings.append(f"does not fit: peak {mem.peak_bytes / 2**30:.1f} GiB on stage "
+                                 f"{mems.index(mem)} > {mem.capacity_bytes / 2**30:.1f} GiB usable")
+        total_src = sum(source_time.values()) or 1.0
+        sources = {k: v / total_src for k, v in sorted(source_time.items())}
+        for k in ("exact", "interpolated", "extrapolated", "miss"):
+            sources.setdefault(k, 0.0)
+        if sources.get("miss", 0) > 0.001:
+            self.warnings.append(f"{sources['miss']:.1%} of the time comes from operators with no comparable "
+                                 "measurement (roofline estimate)")
+        if sources.get("extrapolated", 0) > 0.1:
+            self.warnings.append(f"{sources['extrapolated']:.1%} of the time is extrapolated beyond measured shapes")
+        if sources.get("comm-model", 0) > 0 or (par.dp > 1 and not self._dp_measured()):
+            have = sorted({r for _, r in self.eng.comm.table})
+            cover = f"measured tables cover {', '.join(map(str, have))} ranks" if have else "no measured collectives"
+            self.warnings.append(f"communication uses the alpha-beta model where not measured ({cover}; NVLink "
+                                 f"{self.eng.comm.nvlink[0] / 1e9:.0f} GB/s, "
+                                 f"network {self.eng.comm.network[0] / 1e9:.0f} GB/s per GPU, "
+                                 f"{self.eng.comm.gpus_per_node} GPUs per node"
+                                 + (f" from system {self.eng.system.name!r})" if self.eng.system else ")"))
+        sysspec = self.eng.system
+        if sysspec is not None and self.eng.comm.table and par.gpus > 1 and \
+                abs(sysspec.nvlink_bytes_per_s / self.eng.gpu.nvlink_bytes_per_s - 1) > 0.05:
+            self.warnings.append(f"collectives inside a node come from the NCCL tables measured on {self.eng.gpu.name} "
+                                 f"hosts ({self.eng.gpu.nvlink_bytes_per_s / 1e9:.0f} GB/s NVLink), not from system "
+                                 f"{sysspec.name!r}'s {sysspec.nvlink_bytes_per_s / 1e9:.0f} GB/s; its figures price "
+                                 "what the tables do not cover (more ranks, the network)")
+        # a user's single answer states the step's range over the measured host instances where it spans more
+        # than 5% (a planner's loop does not pay for those evaluations)
+        spread = self._host_instances_ms(host) if host_range and self.fw.machine is None else None
+        if spread and spread[1] - spread[0] > 0.05 * total_us / 1e3:
+            self.warnings.append(f"host speed: {spread[0]:.1f} to {spread[1]:.1f} ms over the {spread[2]} measured "
+                                 f"host instances of this GPU; {total_us / 1e3:.1f} ms is the typical host's (each "
+                                 "host cost the median over the instances)")
+        host_share = breakdown["host_overhead_ms"] * 1e3 / total_us if total_us else 0.0
+        extras = [e.source for e in self.host_extras if e.source != "none"]
+        if host_share > 0.3:
+            self.warnings.append(f"host-bound: {host_share:.0%} of the step is host overhead"
+                                 + (" (DTensor dispatch and framework hooks, measured)" if extras else "")
+                                 + "; eager PyTorch cannot keep the GPU busy at this size")
+        par = self.par
+        if par.dp > 1 and par.zero >= 2 and par.framework == Framework.TORCH and not self.eng.framework.copies:
+            self.warnings.append("FSDP2's parameter and gradient copies are not measured in this database: priced "
+                                 "at peak HBM bandwidth (measured by `python -m tp_query.collector dist-probe --what copies`)")
+        if par.framework == Framework.MEGATRON:
+            self.warnings.append("Megatron-Core's gradient clipping is modelled as not taken; a step whose gradient "
+                                 "norm exceeds --clip-grad also scales every gradient (one more pass over them)")
+        if self.eng.version_warning:
+            self.warnings.append(self.eng.version_warning)
+        max_pos = self.g.meta.model.get("max_position_embeddings") if self.g.meta.source == "config" else None
+        if isinstance(max_pos, int) and self.g.meta.seq_len > max_pos:
+            self.warnings.append(f"sequence length {self.g.meta.seq_len} exceeds the model's max_position_embeddings "
+                                 f"{max_pos}: predicted as the same model run at that length (context extension); "
+                                 "as configured it was not trained for it")
+        model = self.g.meta.model
+        if model.get("family") == ArchFamily.TRANSFORMERS.value:
+            mt = model.get("model_type")
+            runs = ("a model type with held-out runs of cut models here (docs/validation.md)"
+                    if mt in VALIDATED_MODEL_TYPES else "a model type without a validation run here")
+            self.warnings.append(f"{mt}: transformers' own module as the config builds it, {runs} (its operators are "
+                                 f"priced from the database like any other; MFU is not computed)")
+            if self.par.tp > 1:
+                self.warnings.append(f"{mt} under TP={self.par.tp}: the rank's module is built from the divided config "
+                                     "(checked to be Megatron's column/row split) with DTensor's collectives and host "
+                                     "costs as measured for the listed families; no TP run of a model type known only "
+                                     "to transformers was measured")
+        self.warnings += [w for w in self.g.meta.extra.get("warnings", []) if w not in self.warnings]
+        if self.eng.calibration_source.startswith("default"):
+            self.warnings.append(f"host model: {self.eng.calibration_source}")
+        if self.req.strict and (sources.get("extrapolated", 0) > 0 or sources.get("miss", 0) > 0):
+            raise PredictError(f"--strict: {sources['extrapolated'] + sources['miss']:.1%} of the time would come "
+                               "from extrapolation or misses")
+        gb = par.global_batch or par.dp * par.micro_batch
+        tokens = gb * self.g.meta.seq_len
+        if self.g.meta.source == "module":  # its own batch of token ids per micro-batch (0 when it has none)
+            tokens = par.dp * par.micro_batches * self.g.meta.micro_batch * self.g.meta.seq_len
+        flops = self._flops(total_us, gb)
+        return Prediction(
+            iteration_ms=total_us / 1e3, breakdown=breakdown, peak_memory_gib=mem.peak_bytes / 2**30, fits=fits,
+            memory={"weights_gib": mem.weights_bytes / 2**30, "grads_gib": mem.grads_bytes / 2**30,
+                    "optimizer_gib": mem.optimizer_bytes / 2**30, "activations_gib": mem.activations_bytes / 2**30,
+                    "transient_gib": mem.transient_bytes / 2**30, "buffers_gib": mem.buffers_bytes / 2**30,
+                    "capacity_gib": mem.capacity_bytes / 2**30, "margin_gib": mem.margin_bytes / 2**30},
+            sources=sources, warnings=self.warnings, config=self._config(self.host_model(host)),
+            tokens_per_s=tokens / (total_us / 1e6),
+            stages=[{"stage": s.index, "layers": s.layers, "fwd_ms": r["fwd_us"] / 1e3, "bwd_ms": r["bwd_us"] / 1e3,
+                     "opt_ms": r["opt_us"] / 1e3, "peak_memory_gib": mm.peak_bytes / 2**30}
+                    for s, r, mm in zip(self.stages, per_stage, mems, strict=True)],
+            ops=self._op_rows(op_rows) if self.with_ops else [], **flops,
+            sections=self._section_rows(crit, per_stage[crit]),
+        )
+
+    def _host_instances_ms(self, host: HostModel) -> tuple[float, float, int] | None:
+        """The shortest and the longest iteration over the measured host instances (each instance's own
+        costs) and how many instances there are; None with fewer than 2."""
+        machines = self.eng.framework.machines()
+        if len(machines) < 2:
+            return None
+        current = self.fw
+        out = []
+        try:
+            for m in machines:
+                self._use_host_instance(self.eng.framework_on(m))
+                out.append(self.evaluate(host)[0] / 1e3)
+        finally:
+            self._use_host_instance(current)
+        return min(out), max(out), len(machines)
+
+    def _section_rows(self, crit: int, times: dict[str, Any]) -> list[dict[str, Any]]:
+        """The slowest stage's GPU time by section: one copy's forward and backward, the copies per
+        micro-batch, and the iteration's total (micro-batches included)."""
+        st = self.stages[crit]
+        m = self.par.micro_batches
+        sec = times["sections"]
+        names = {Section.EMBED: "embedding", Section.LAYER: "decoder layer", Section.HEAD: "head (norm, LM head, loss)",
+                 Section.BODY: "module"}
+        copies = {sec_: n for sec_, n in st.fwd_parts}
+        rows = []
+        for se, name in names.items():
+            f, b = sec.get((Phase.FWD, se)), sec.get((Phase.BWD, se))
+            if f is None and b is None:
+                continue
+            n = copies.get(se, 1)
+            each = ((f or 0.0) + (b or 0.0)) / 1e3
+            rows.append({"section": name, "count": n, "fwd_ms": (f or 0.0) / 1e3, "bwd_ms": (b or 0.0) / 1e3,
+                         "each_ms": each, "total_ms": each * n * m})
+        rows.append({"section": "optimizer step", "count": 1, "fwd_ms": 0.0, "bwd_ms": 0.0,
+                     "each_ms": times["opt_gpu_us"] / 1e3, "total_ms": times["opt_gpu_us"] / 1e3})
+        return rows
+
+    def _seg_flops(self, seg: Segment) -> float:
+        """Operator FLOPs of a segment, once per segment (search shares segments across candidates)."""
+        cache = self.eng.segment_flops
+        k = id(seg)
+        if k not in cache:
+            if seg.parts is not None:
+                cache[k] = sum(self._seg_flops(p) * n for p, n in seg.parts)
+            else:
+                cache[k] = float(sum(it.info.flops * w for it, w in zip(seg.items, seg.weights(), strict=True)))
+        return cache[k]
+
+    def _flops(self, total_us: float, global_batch: int) -> dict[str, Any]:
+        """MFU and achieved TFLOP/s per GPU (model FLOPs as Megatron counts them; hardware FLOPs as run)."""
+        par, g = self.par, self.g
+        spec = g.meta.model if g.meta.source == "config" else {}
+        model = megatron_model_flops(spec, global_batch, g.meta.seq_len) if spec else None
+        m = par.micro_batches
+        hw = 0.0
+        for raw in self.raw:  # each DP replica and TP rank runs its stage's shard
+            seg = cast(dict[str, Segment], raw)
+            per = m * sum(self._seg_flops(p) * n for ph in ("fwd_parts", "bwd_parts") for p, n in raw[ph]) \
+                + self._seg_flops(seg["opt"])
+            per += max(m - 1, 0) * self._seg_flops(seg["accum"])
+            hw += per * par.dp * par.tp
+        secs = total_us / 1e6
+        st_ = SETTINGS[Setting(g.meta.setting)]
+        dt = st_.autocast_dtype or st_.param_dtype
+        prec = {DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}.get(
+            dt, Precision.TF32 if st_.allow_tf32 else Precision.FP32)
+        peak = (self.eng.gpu.datasheet_flops or self.eng.gpu.peak_flops).get(prec)
+        per_gpu_model = model / secs / par.gpus if model and secs > 0 else None
+        params = parameter_count(spec) if spec else None
+        if spec and params is None and g.meta.traced_layers and g.meta.tp == 1:
+            params = graph_parameter_count(g)
+        return {"parameters": params, "model_flops": model,
+                "model_tflops_per_gpu": per_gpu_model / 1e12 if per_gpu_model else None,
+                "hardware_tflops_per_gpu": hw / secs / par.gpus / 1e12 if secs > 0 else None,
+                "mfu": per_gpu_model / peak if per_gpu_model and peak else None}
+
+    def _dp_measured(self) -> bool:
+        par = self.par
+        kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
+        return self.eng.comm.estimate(kind, 1e6, par.dp, self._dp_spans_nodes()).source == Source.COMM_MEASURED
+
+    def _config(self, host: HostModel) -> dict[str, Any]:
+        r, par = self.req, self.par
+        return {"model": r.model_name, "gpu": self.eng.gpu.name, "precision": self.g.meta.setting, "dp": par.dp,
+                "tp": par.tp, "pp": par.pp, "ep": par.ep, "micro_batch": par.micro_batch,
+                "global_batch": par.global_batch or par.dp * par.micro_batch, "micro_batches": par.micro_batches,
+                "seq_len": self.g.meta.seq_len, "optimizer": r.optimizer, "sequence_parallel": par.sequence_parallel,
+                "zero": par.zero, "recompute": "full" if par.recompute else "none", "gpus": par.gpus,
+                "layers": self.g.meta.model.get("num_layers"), "host_model": asdict(host),
+                "calibration": self.eng.calibration_source, "framework": par.framework,
+                "system": self.eng.system.name if self.eng.system else None,
+                "pp_schedule": par.pp_schedule,
+                "model_graph": self._model_graph(),
+                "framework_data": {"interference": self.interference().source,
+                                   "host_costs": sorted({e.source for e in self.host_extras}) or ["none"],
+                                   "per_op_host": "measured" if self.host_measured else "calibration",
+                                   **({"grad_scaler_host_us": round(self.scaler_us, 1)} if self.scaler_us else {})}}
+
+    def _model_graph(self) -> dict[str, Any]:
+        """Where the operator graph came from and what it assumes (families, layer types, MoE routing)."""
+        m = self.g.meta.model if self.g.meta.source == "config" else {}
+        if not m:
+            return {"source": self.g.meta.source}
+        megatron = self.par.framework == "megatron"
+        out: dict[str, Any] = {
+            "family": family_label(m),
+            "builder": "Megatron-Core local spec" if megatron else (
+                "transformers' own modules" if m.get("builder") == "hf" else "op-for-op copy of transformers"),
+            "graph": (f"template {self.g.meta.extra['template']} (its structural type's graph, every number fitted from "
+                      f"{self.g.meta.extra.get('template_traces')} traces with torch {self.g.meta.torch_version} and "
+                      "checked on each; no trace at query time)"
+                      if isinstance(self.g.meta.extra, dict) and self.g.meta.extra.get("template")
+                      else f"traced with torch {self.g.meta.torch_version}"),
+        }
+        types = m.get("layer_types") or []
+        if types:
+            out["layer_types"] = {t: types.count(t) for t in dict.fromkeys(types)}
+            out["sliding_window"] = m.get("sliding_window")
+        mlps = m.get("mlp_layer_types") or []
+        if mlps:
+            out["mlp_layer_types"] = {t: mlps.count(t) for t in dict.fromkeys(mlps)}
+        rope = m.get("rope_layers") or []
+        if rope:
+            out["rope_layers"] = {"rope": sum(map(bool, rope)), "none": len(rope) - sum(map(bool, rope))}
+        if m.get("num_experts"):
+            e, k = int(m["num_experts"]), int(m["experts_per_token"])
+            experts = (f"SequentialMLP, {e // self.par.ep} local experts per rank, all-to-all over EP={self.par.ep}"
+                       if megatron else "grouped GEMMs timed with equal groups")
+            imb = self.req.moe_imbalance
+            out["moe_routing"] = (
+                f"balanced: each of {e} experts receives tokens x {k} / {e} rows ({experts}; "
+                + ("--moe-imbalance skews it)" if megatron else "a skewed router is modelled with --framework megatron)")
+                if imb == 1.0 else
+                f"skewed (--moe-imbalance {imb:g}): the busiest expert receives {imb:g} x tokens x {k} / {e} rows, "
+                f"the others share the rest evenly; this rank hosts it ({experts})")
+        return out
+
+    def _op_rows(self, rows: dict[tuple[str, str], list[Any]]) -> list[OpRow]:
+        out = []
+        for (phase, _), (it, count, us, src) in rows.items():
+            shapes = " ".join("x".join(map(str, t.shape)) + f":{t.dtype}" for t in it.call.tensors()
+                              if isinstance(t, TensorSpec))[:120]
+            comm = it.call.op.startswith("comm.")
+            out.append(OpRow(phase, it.call.op, "communication" if comm else it.info.kind,
+                             "-" if comm else str(it.info.precision), shapes, count, us, us * count / 1e3, src))
+        out.sort(key=lambda r: -r.total_ms)
+        return out
