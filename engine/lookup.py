@@ -214,6 +214,16 @@ def _axes(spec: FamilySpec, feats: dict[str, Any]) -> tuple[float, ...]:
     return tuple(float(max(feats.get(a) or 1, 1)) for a in spec.axes)
 
 
+def _from_memo(v: Any) -> Estimate | None:
+    """A memo entry [cold us, warm us, source, points] as an estimate; None when absent or damaged."""
+    if v is None:
+        return None
+    try:
+        return Estimate(float(v[0]), float(v[1]), Source(v[2]), int(v[3]))
+    except (TypeError, ValueError, IndexError, KeyError):
+        return None
+
+
 class LatencyModel:
     """Estimates for many calls: the exact table and each family's points are read once (one DuckDB
     query each), then every lookup is in memory."""
@@ -248,12 +258,9 @@ class LatencyModel:
         load = getattr(db, "memo_load", None)
         if load is not None:
             self._memo_name = self.memo_name()
-            for k, v in load(self._memo_name).items():
-                try:
-                    self._cache[k] = Estimate(float(v[0]), float(v[1]), Source(v[2]), int(v[3]))
-                    self._memo[k] = v
-                except (TypeError, ValueError, IndexError):
-                    continue  # a damaged entry is recomputed
+            # entries become estimates when a query asks for them (a process asks for a few hundred of the
+            # memo's thousands); a damaged entry is recomputed then
+            self._memo = load(self._memo_name)
 
     MEMO_MAX = 200_000  # entries a memo keeps (a few tens of MB at most)
 
@@ -261,8 +268,12 @@ class LatencyModel:
         new = 0
         for q in queries:
             if q.key not in self._cache:
+                e = _from_memo(self._memo.get(q.key))
+                if e is not None:
+                    self._cache[q.key] = e
+                    continue
                 e = self._cache[q.key] = self._resolve(q)
-                if len(self._memo) < self.MEMO_MAX:
+                if len(self._memo) < self.MEMO_MAX or q.key in self._memo:
                     self._memo[q.key] = [e.cold_us, e.warm_us, e.source.value, e.points]
                     new += 1
         if new and getattr(self.db, "memo_store", None) is not None:
