@@ -5,6 +5,7 @@ the engine looks up. A call is the operator's name plus its arguments with tenso
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -25,11 +26,24 @@ class TensorSpec:
     offset: int = 0
     host: bool = False
 
-    @property
+    def __hash__(self) -> int:
+        """The fields' hash, computed once per spec (a planner looks specs up by the hundred thousand)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.shape, self.dtype, self.strides, self.offset, self.host))
+        return h  # type: ignore[no-any-return]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its fields alone: a cached hash is this process's (strings hash per process)."""
+        return (TensorSpec, (self.shape, self.dtype, self.strides, self.offset, self.host))
+
+    # computed once per spec (an optimizer step's lists sum them over hundreds of tensors per candidate);
+    # stored in the instance's __dict__, outside the fields that equality, hashing and JSON read
+    @functools.cached_property
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
@@ -135,7 +149,19 @@ def _encode_str(v: ArgValue) -> str:
         return out
     if isinstance(v, list | tuple):
         return "[" + ",".join([_encode_str(x) for x in v]) + "]"
+    if v is None or isinstance(v, int | float | str):  # scalars recur in every rebuilt call: text once each
+        # the type apart (True is 1) and the sign of zero apart (-0.0 == 0.0, but not as text)
+        k = (type(v), v, math.copysign(1.0, v) if isinstance(v, float) else 0.0)
+        out = _SCALAR_STR.get(k)
+        if out is None:
+            out = _dumps(_encode(v))
+            if len(_SCALAR_STR) < 1 << 16 and v == v:  # NaN never finds itself
+                _SCALAR_STR[k] = out
+        return out
     return _dumps(_encode(v))
+
+
+_SCALAR_STR: dict[tuple[type, Any, float], str] = {}
 
 
 def _decode(v: Any) -> ArgValue:

@@ -129,6 +129,15 @@ def test_call_text_is_the_canonical_json() -> None:
     assert call.to_json_str() == json.dumps(body, sort_keys=True, separators=(",", ":"))
     again = OpCall.from_json_str(call.op, call.to_json_str())
     assert OpCall(again.op, again.args, again.kwargs).to_json_str() == call.to_json_str()
+    # scalars' text is cached: equal values of another type or another sign of zero keep their own text
+    for args in ((0.0, -0.0, 1, True, 1.0, 0, False), (-0.0, 0.0, True, 1, 1.0, False, 0)):
+        c = OpCall("aten.add.Tensor", (t, *args))
+        assert c.to_json_str() == json.dumps({"a": _encode(list(c.args))}, sort_keys=True, separators=(",", ":"))
+    assert hash(TensorSpec((4, 8), DType.BF16)) == hash(t) and TensorSpec((4, 8), DType.BF16) == t
+    assert TensorSpec((4, 8), DType.FP16) != t and {t: 1}.get(TensorSpec((4, 8), DType.BF16)) == 1
+    import pickle
+
+    assert "_hash" not in pickle.loads(pickle.dumps(t)).__dict__ and pickle.loads(pickle.dumps(v)) == v
 
 
 def test_safe_softmax_is_row_wise_by_row_length() -> None:
