@@ -49,7 +49,10 @@ def compare(out: Path) -> None:
     for f in sorted(out.glob("hf-ops-*.json")):
         cid = f.stem.removeprefix("hf-ops-")
         # a case measured on a sampled instance is stored as CASE@INSTANCE
-        cid = cid if cid in rows else next((k for k in rows if k.split("@")[0] == cid), cid)
+        # (a profile kept beside an earlier one of the same case carries a tag of its own: CASE@TAG)
+        if cid not in rows:
+            base = cid.split("@")[0]
+            cid = next((k for k in rows if k.split("@")[0] == base), cid)
         r, real = rows[cid], json.loads(f.read_text())
         accum = int(r.get("accum") or 1)
         p = eng.predict(PredictRequest(model=json.loads(r["config_json"]), model_name=r["model"], gpu="h200",
