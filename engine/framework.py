@@ -101,8 +101,11 @@ class FrameworkData:
     copies: list[dict[str, Any]] = field(default_factory=list)
     # host rows by (framework, kind, setting, phase, quantity), shared by the views of one table
     _index: dict[tuple[str, str, str, str, str], list[dict[str, Any]]] | None = field(default=None, repr=False)
+    _machines: list[str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self._index is not None:  # a view of tables already split and indexed (`on`): nothing to redo
+            return
         self.copies = self.copies or [r for r in self.host if r.get("kind") == FSDP_COPY_KIND]
         self.host = [r for r in self.host if r.get("kind") != FSDP_COPY_KIND]
         if self._index is None:
@@ -124,8 +127,10 @@ class FrameworkData:
         return sorted({st for (fw, k, st, _, _) in self._index if fw == framework and k == kind})
 
     def machines(self) -> list[str]:
-        """The instances with host rows."""
-        return sorted({r.get("machine") or FIRST_MACHINE for r in self.host if r.get("status") == "ok"})
+        """The instances with host rows (found once per table: a user's prediction asks per instance)."""
+        if self._machines is None:
+            self._machines = sorted({r.get("machine") or FIRST_MACHINE for r in self.host if r.get("status") == "ok"})
+        return self._machines
 
     def fsdp_copy_us(self, phase: str, unit_bytes: float, itemsize: int, ranks: int) -> float | None:
         """FSDP2's copy kernel `phase` (copy_in: the rank's shards into the all-gather input; copy_out: the
@@ -169,7 +174,8 @@ class FrameworkData:
         """The same tables with host costs of one instance (None or TYPICAL_HOST: the median over instances)."""
         if machine is not None and machine != TYPICAL_HOST and machine not in self.machines():
             raise ValueError(f"no host measurements of machine {machine!r}; measured: {', '.join(self.machines())}")
-        return FrameworkData(self.overlap, self.host, machine, copies=self.copies, _index=self._index)
+        return FrameworkData(self.overlap, self.host, machine, copies=self.copies, _index=self._index,
+                             _machines=self._machines)
 
     def without(self, machine: str) -> FrameworkData:
         """The typical host of the other instances (validation: a run predicted as a user's prediction would be,
