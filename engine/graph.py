@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -155,6 +154,8 @@ class Graph:
         """Atomically, through a temporary file of this writer's own (concurrent writers never collide)."""
         p = Path(path)
         data = json.dumps(self.to_json(), separators=(",", ":")).encode()
+        import tempfile  # only a save needs it (a prediction reads graphs; its import costs ~4 ms)
+
         fd, tmp = tempfile.mkstemp(prefix="." + p.name + ".", suffix=".tmp", dir=p.parent)
         try:
             with os.fdopen(fd, "wb") as f:

@@ -4,7 +4,6 @@ latency, price per GPU-hour. Presets ship in schema/systems/; `--system FILE|PRE
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +39,8 @@ def load_system(ref: str) -> SystemSpec:
         path = PRESET_DIR / f"{ref}.toml"
         if not path.is_file():
             raise SystemError_(f"no system file or preset {ref!r} (presets: {', '.join(presets())})")
+    import tomllib  # a system file is read only when --system is given (every prediction imports this module)
+
     try:
         with path.open("rb") as f:
             d = tomllib.load(f) if path.stat().st_size < (1 << 20) else None
