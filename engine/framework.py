@@ -108,11 +108,10 @@ class FrameworkData:
             return
         self.copies = self.copies or [r for r in self.host if r.get("kind") == FSDP_COPY_KIND]
         self.host = [r for r in self.host if r.get("kind") != FSDP_COPY_KIND]
-        if self._index is None:
-            self._index = {}
-            for r in self.host:
-                key = (str(r["framework"]), str(r["kind"]), str(r.get("setting")), str(r["phase"]), str(r["quantity"]))
-                self._index.setdefault(key, []).append(r)
+        self._index = {}
+        for r in self.host:
+            key = (str(r["framework"]), str(r["kind"]), str(r.get("setting")), str(r["phase"]), str(r["quantity"]))
+            self._index.setdefault(key, []).append(r)
 
     def _indexed(self, framework: str, kind: Callable[[str], bool], setting: str, phase: str | None = None,
                  quantity: str | None = None) -> list[dict[str, Any]]:
