@@ -56,6 +56,8 @@ class CaseResult:
     host_ms: float | None = None  # distributed runs: the slowest rank's host issue time of a step
     family: str = ""  # the spec registry's family of the config that ran
     machine: str = ""  # the machine instance it ran on ("": before instances were told apart)
+    # its host costs are its own instance's (measured there, or the first period's probe), not the median of others'
+    own_host: bool = True
     user_ms: float | None = None  # runs of a known instance: predicted as a user is (the typical host), that instance left out
 
     @property
@@ -179,7 +181,10 @@ class Study:
                 req = PredictRequest(model=shard_cfg, model_name=r["model"], gpu=engine.gpu.name,
                                      setting=Setting(r["setting"]), parallel=par, seq_len=r["seq_len"],
                                      optimizer=r["optimizer"])
-                self.assembled[c.case_id] = engine.assemble(req, host_machine=self._host_machine(r))
+                own = self._host_machine(r)
+                # (a database without host probes has no instance's costs to borrow: every run is its own)
+                c.own_host = own is not None or not self.engine.framework.machines()
+                self.assembled[c.case_id] = engine.assemble(req, host_machine=own)
                 if with_baselines and c.status == "ok" and c.split != "distributed":
                     for name, s in self.BASELINES.items():
                         self.baseline_asm[(c.case_id, name)] = engine.assemble(replace(req, setting=s))
@@ -203,9 +208,15 @@ class Study:
         return total_us / 1e3
 
     def errors(self, host: HostModel, split: str | None) -> list[float]:
+        """Log errors of a split's runs. The calibration split fits host constants beyond the measured per-operator
+        host costs, so it takes only runs whose per-operator costs are their own instance's: a run of an instance
+        without a probe is predicted with the other instances' median, and fitting on it would fold that
+        instance's host speed into the constants (it is still reported, as a user's prediction)."""
         out = []
         for c in self.cases:
             if c.status != "ok" or c.case_id not in self.assembled or (split and c.split != split):
+                continue
+            if split == "calibration" and not c.own_host:
                 continue
             pred = self._time(self.assembled[c.case_id], c, host)
             assert c.measured_ms

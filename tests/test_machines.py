@@ -82,3 +82,30 @@ def test_host_probe_runs_the_base_of_every_extra() -> None:
     assert _with_bases(("tp_sp", "tp")) == ("plain_tp_shard", "tp", "tp_sp")
     assert _with_bases(("fsdp_z3",)) == ("plain", "fsdp_z3")
     assert _with_bases(("plain",)) == ("plain",)
+
+
+def test_calibration_fits_only_runs_with_their_own_host_costs() -> None:
+    """A run of an instance without a host probe is predicted with the other instances' median per-operator costs:
+    reported (every split), never fitted on (the calibration split's constants sit beyond measured host costs)."""
+    from tp_query.engine.hostsim import HostModel
+    from tp_query.engine.validation import CaseResult, Study
+
+    class Fixed:  # an assembled prediction that takes `us` under any host model
+        def __init__(self, us: float) -> None:
+            self.us = us
+
+        def evaluate(self, host: HostModel) -> tuple[float, dict[str, float], list[object], int]:
+            return self.us, {}, [], 0
+
+    study = Study.__new__(Study)
+    study.stage_of = {}
+    study.cases, study.assembled = [], {}
+    for cid, own, pred_us in (("a", True, 110e3), ("a@mX", False, 200e3), ("b", True, 90e3)):
+        c = CaseResult(cid, "m", "bf16", "calibration" if cid != "b" else "holdout", 1, 8, 1, "ok", 100.0)
+        c.own_host = own
+        study.cases.append(c)
+        study.assembled[cid] = Fixed(pred_us)
+    import math
+
+    assert study.errors(HostModel(), "calibration") == [math.log(1.1)]
+    assert sorted(study.errors(HostModel(), None)) == sorted([math.log(1.1), math.log(2.0), math.log(0.9)])
