@@ -505,8 +505,8 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
          "Each case is a real HuggingFace training iteration (forward with labels, loss, backward, AdamW step, "
          "zero_grad; GradScaler under amp_fp16) timed with CUDA events over iterations after warm-up.", "",
          "Host model: per-operator forward, backward and optimizer host costs measured on host-bound runs "
-         "(data/h200/framework/, not fitted); the rest fitted on the calibration split only, from fixed "
-         "defaults within bounds: " + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items()
+         "(data/h200/framework/, not fitted); the rest fitted on the calibration split only (its runs whose "
+         "instance's host costs were measured, each predicted with them), from fixed defaults within bounds: " + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items()
                                                 if k not in ("fwd_us", "bwd_us", "opt_us")),
          "", "## Summary", "",
          "`all` is every one-GPU case. `distributed` are runs over several GPUs (see the section below).", "",
