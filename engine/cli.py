@@ -645,7 +645,7 @@ def report(
             if calibration_out is not None:
                 from tp_query.schema import manifest
 
-                n = sum(1 for c in study.cases if c.split == "calibration" and c.status == "ok" and c.own_host)
+                n = len(study.runs("calibration"))
                 calibration_out.write_text(json.dumps({**dataclasses.asdict(host), "fitted_on_cases": n,
                                                        "split": "calibration"}, indent=1) + "\n")
                 if (calibration_out.parent / manifest.MANIFEST_NAME).is_file():  # part of a database

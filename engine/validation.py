@@ -207,17 +207,17 @@ class Study:
             return (st["fwd_us"] + st["bwd_us"] + st["opt_us"] + host.per_iteration_us) / 1e3
         return total_us / 1e3
 
+    def runs(self, split: str | None) -> list[CaseResult]:
+        """A split's measured, predicted runs. The calibration split fits host constants beyond the measured
+        per-operator host costs, so it holds only runs whose per-operator costs are their own instance's: a run of
+        an instance without a probe is predicted with the other instances' median, and fitting on it would fold
+        that instance's host speed into the constants (it is still reported, as a user's prediction)."""
+        return [c for c in self.cases if c.status == "ok" and c.case_id in self.assembled
+                and (not split or c.split == split) and (split != "calibration" or c.own_host)]
+
     def errors(self, host: HostModel, split: str | None) -> list[float]:
-        """Log errors of a split's runs. The calibration split fits host constants beyond the measured per-operator
-        host costs, so it takes only runs whose per-operator costs are their own instance's: a run of an instance
-        without a probe is predicted with the other instances' median, and fitting on it would fold that
-        instance's host speed into the constants (it is still reported, as a user's prediction)."""
         out = []
-        for c in self.cases:
-            if c.status != "ok" or c.case_id not in self.assembled or (split and c.split != split):
-                continue
-            if split == "calibration" and not c.own_host:
-                continue
+        for c in self.runs(split):
             pred = self._time(self.assembled[c.case_id], c, host)
             assert c.measured_ms
             out.append(math.log(pred / c.measured_ms))
@@ -506,8 +506,8 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
          "zero_grad; GradScaler under amp_fp16) timed with CUDA events over iterations after warm-up.", "",
          "Host model: per-operator forward, backward and optimizer host costs measured on host-bound runs "
          "(data/h200/framework/, not fitted); the rest fitted on the calibration split only (its runs whose "
-         "instance's host costs were measured, each predicted with them), from fixed defaults within bounds: " + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items()
-                                                if k not in ("fwd_us", "bwd_us", "opt_us")),
+         "instance's host costs were measured, each predicted with them), from fixed defaults within bounds: "
+         + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items() if k not in ("fwd_us", "bwd_us", "opt_us")),
          "", "## Summary", "",
          "`all` is every one-GPU case. `distributed` are runs over several GPUs (see the section below).", "",
          "| split | cases | MAPE | max APE | static-TF32 baseline | static-BF16 baseline | memory MAPE | fits/OOM right |",
