@@ -175,6 +175,7 @@ class Composer:
         mixed = bool(templates) and len(templates) > 1
         self._weights = {k: np.asarray(v) for k, v in wts.items() if mixed and k[1] == Section.LAYER}
         self._op_template = {k: np.asarray(v) for k, v in src.items() if mixed and k[1] == Section.LAYER}
+        self.layer_kinds_mixed = mixed
         self.opt_records: list[OpRecord] = [o for o in graph.ops if o.phase == Phase.OPT]
         self._opt_calls_parsed: list[OpCall] | None = None
         self.traced_params = list(graph.params)

@@ -14,9 +14,10 @@ from tp_query.schema.system import SystemSpec
 
 from .comm import CommModel
 from .compose import Composer
+from .costcache import CostedGraphs
 from .dbcache import DatabaseError, DbSnapshot
 from .framework import FrameworkData
-from .graph import Graph, Phase, is_graph_json
+from .graph import Graph, Phase, Section, is_graph_json
 from .graphcache import graph_for, trace_fields
 from .hostsim import CalibrationError, HostModel
 from .lookup import LatencyModel, Source
@@ -69,6 +70,10 @@ class Engine:
             f"{used.get('cudnn')}: {used.get('rows')} rows); the database also holds {listed}"
             + (f" and {len(others) - 3} more stacks" if len(others) > 3 else "") + " (choose with --torch)")
         self._graphs: dict[str, Graph] = {}
+        self._full_graphs: dict[str, Graph] = {}  # with every operator, where _graphs holds a costed one
+        self._costed: CostedGraphs | None = None
+        self._precosted: dict[int, dict[tuple[Phase, Section], Segment]] = {}  # id(graph) -> its costed sections
+        self._to_store: dict[int, Path] = {}  # id(graph) -> where its costed sections go once built
         self._composers: dict[tuple[int, bool], Composer] = {}
         self._segments: dict[tuple[int, int, int], SegmentCache] = {}
         self.stage_times: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -80,16 +85,59 @@ class Engine:
         self.segment_flops: dict[int, float] = {}
         self.dp_overheads: dict[tuple[Any, ...], float] = {}
         self.section_summaries: dict[tuple[Any, ...], SectionSummary] = {}
+        self.section_gpu_us: dict[tuple[Any, ...], float] = {}
+        self.stage_raws: dict[int, dict[tuple[Any, ...], Any]] = {}  # per segment cache: stage kind -> costed stage
 
-    def graph(self, req: PredictRequest) -> Graph:
-        """The traced graph of a request, kept in memory (search asks for the same ones often)."""
+    @property
+    def costed(self) -> CostedGraphs:
+        if self._costed is None:
+            self._costed = CostedGraphs(self)
+        return self._costed
+
+    def graph(self, req: PredictRequest, full: bool = False) -> Graph:
+        """The graph of a request, kept in memory (search asks for the same ones often): its costed form from the
+        costed-graph cache where one was kept (the optimizer step its only operators, the sections' operator
+        arrays beside it), else built (template or trace) and its costed form kept once its sections are priced;
+        full: with every operator (per-operator rows need them)."""
         if is_graph_json(req.model):
             return graph_for(req)
         key = json.dumps({"model": req.model, **trace_fields(req)}, sort_keys=True, default=str)
         g = self._graphs.get(key)
-        if g is None:
-            g = self._graphs[key] = graph_for(req)
+        if g is not None and not (full and id(g) in self._precosted):
+            return g
+        if full:
+            g = self._full_graphs.get(key)
+            if g is None:
+                g = self._full_graphs[key] = graph_for(req)
+            return g
+        path = self.costed.path(req, key)
+        hit = CostedGraphs.load(path) if path is not None else None
+        if hit is not None:
+            g, sections = hit
+            self._precosted[id(g)] = sections
+        else:
+            g = graph_for(req)
+            if path is not None:
+                self._to_store[id(g)] = path
+        self._graphs[key] = g
         return g
+
+    def has_costed(self, req: PredictRequest) -> bool:
+        """Whether the costed-graph cache holds this request's graph (a planner need not build it)."""
+        if is_graph_json(req.model):
+            return False
+        key = json.dumps({"model": req.model, **trace_fields(req)}, sort_keys=True, default=str)
+        path = self.costed.path(req, key)
+        return path is not None and path.exists()
+
+    def _keep_costed(self, g: Graph, comp: Composer, tp: int, ep: int) -> None:
+        """Write a built graph's costed sections once (priced by now or on the way: every section is asked)."""
+        path = self._to_store.pop(id(g), None)
+        if path is None:
+            return
+        sections = self.segments_for(comp, tp, ep).costed_sections()
+        if sections is not None:
+            CostedGraphs.store(path, g, sections)
 
     def composer(self, g: Graph) -> Composer:
         k = (id(g), SETTINGS[Setting(g.meta.setting)].allow_tf32)
@@ -100,7 +148,7 @@ class Engine:
     def segments_for(self, comp: Composer, tp: int, ep: int = 1) -> SegmentCache:
         k = (id(comp), tp, ep)
         if k not in self._segments:
-            self._segments[k] = SegmentCache(self, comp, tp, ep)
+            self._segments[k] = SegmentCache(self, comp, tp, ep, self._precosted.get(id(comp.graph)))
         return self._segments[k]
 
     def _host_model(self, db_root: str | None) -> HostModel:
@@ -163,10 +211,15 @@ class Engine:
         if req.seq_len * par.micro_batch > MAX_TOKENS:
             raise PredictError(f"micro-batch x sequence = {req.seq_len * par.micro_batch} tokens is beyond any real "
                                f"micro-batch (at most {MAX_TOKENS})")
-        g = graph or self.graph(req)
+        g = graph or self.graph(req, full=with_ops)
+        if with_ops and id(g) in self._precosted:
+            g = self.graph(req, full=True)
         comp = self.composer(g)
         try:
             stages = comp.stages(par)
         except PlanError as e:
             raise PredictError(str(e)) from None
-        return Assembled(self, req, g, comp, stages, par, with_ops, host_machine)
+        out = Assembled(self, req, g, comp, stages, par, with_ops, host_machine)
+        if id(g) in self._to_store:
+            self._keep_costed(g, comp, par.tp, par.ep)
+        return out

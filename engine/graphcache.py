@@ -166,6 +166,28 @@ def _template_of(spec: ModelSpec, req: PredictRequest) -> tuple[GraphTemplate, d
     return None if t is None or not t.covers(dims) else (t, dims)
 
 
+def graph_identity(req: PredictRequest) -> str | None:
+    """What a config request's graph is built from, without building it: its trace cache key (spec, trace fields,
+    trace version, torch and project versions) and the bytes of its structural type's template files; None for a
+    graph file or a config that does not parse (the costed-graph cache keeps none of those)."""
+    if is_graph_json(req.model):
+        return None
+    try:
+        spec = parse_config(req.model, req.model_name)
+        key = _graph_cache_key(spec, req)
+    except ConfigError:
+        return None
+    from . import template
+
+    par = req.parallel
+    if template.templatable(spec, par.framework, par.ep, req.moe_imbalance):
+        dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
+        if dims is not None:
+            sk = template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION)
+            return f"{key}|template:{template.file_digest(sk)}"
+    return key
+
+
 def _from_template(spec: ModelSpec, req: PredictRequest) -> Graph | None:
     """The graph from its template, without torch; None when there is no template for it, the request lies
     outside the box its traces spanned, or an integer of the graph would not be one there."""

@@ -189,7 +189,9 @@ class Assembled(StepSchedule):
         cache = self.eng.segment_flops
         k = id(seg)
         if k not in cache:
-            if seg.parts is not None:
+            if seg.flops is not None:
+                cache[k] = seg.flops
+            elif seg.parts is not None:
                 cache[k] = sum(self._seg_flops(p) * n for p, n in seg.parts)
             else:
                 cache[k] = float(sum(it.info.flops * w for it, w in zip(seg.items, seg.weights(), strict=True)))

@@ -72,6 +72,12 @@ class _StageRaw(dict[str, Any]):
         return v
 
 
+def _stage_kind(st: StageWork) -> tuple[Any, ...]:
+    """What a stage's costed operators and host extras depend on: its sections and their counts, its layer mix,
+    and its optimizer, accumulation and DDP lists (shared objects: their identity stands for their content)."""
+    return (st.first, st.last, st.layers, st.layer_mix, id(st.opt), id(st.accum), id(st.ddp))
+
+
 class StepSchedule:
     """A prediction's raw material (per stage: operator arrays) and its evaluation under a host model."""
 
@@ -83,15 +89,22 @@ class StepSchedule:
         cache = eng.segments_for(comp, par.tp, par.ep)
         self.raw = []
         self._use_host_instance(eng.framework_on(host_machine))
+        # stages alike in everything their time depends on share one costed record (a 32-stage pipeline has at
+        # most four kinds: first, last, and middle stages of the two layer counts), so each kind is timed once
+        alike = eng.stage_raws.setdefault(id(cache), {})  # a search's candidates share their stage kinds
         for st in stages:
-            self.raw.append(_StageRaw(
-                cache, st, sections={(ph, sec): cache.section(ph, sec, st.layer_mix) for ph, parts in
-                                     ((Phase.FWD, st.fwd_parts), (Phase.BWD, st.bwd_parts)) for sec, _ in parts},
-                fwd_parts=cache.stage_parts(Phase.FWD, st.fwd_parts, st.layer_mix),
-                bwd_parts=cache.stage_parts(Phase.BWD, st.bwd_parts, st.layer_mix),
-                opt=cache.items_segment(st.ddp, st.opt, "opt"),
-                accum=cache.items_segment(st.accum, None, "accum"),
-                ddp=cache.items_segment(st.ddp, None, "ddp")))
+            k = _stage_kind(st)
+            raw = alike.get(k)
+            if raw is None:
+                raw = alike[k] = _StageRaw(
+                    cache, st, sections={(ph, sec): cache.section(ph, sec, st.layer_mix) for ph, parts in
+                                         ((Phase.FWD, st.fwd_parts), (Phase.BWD, st.bwd_parts)) for sec, _ in parts},
+                    fwd_parts=cache.stage_parts(Phase.FWD, st.fwd_parts, st.layer_mix),
+                    bwd_parts=cache.stage_parts(Phase.BWD, st.bwd_parts, st.layer_mix),
+                    opt=cache.items_segment(st.ddp, st.opt, "opt"),
+                    accum=cache.items_segment(st.accum, None, "accum"),
+                    ddp=cache.items_segment(st.ddp, None, "ddp"))
+            self.raw.append(raw)
 
     def _host_setting(self) -> str:
         """Host costs were measured under autocast (extra casts) and without it."""
@@ -106,7 +119,7 @@ class StepSchedule:
         # torch.amp.GradScaler's host work per step (every rank steps its own optimizer)
         self.scaler_us = (fw.grad_scaler_step_us() or 0.0) if (
             st_.grad_scaler and not st_.master_weights and self.par.framework == Framework.TORCH) else 0.0
-        self.extras = [self._host_extra_us(st) for st in self.stages]
+        self.extras = [self._host_extra_us(st) for st in self.stages]  # by first, last and layers: as the kind
         self.host_measured = fw.per_op_host_us(self._host_setting())
 
     def host_model(self, host: HostModel) -> HostModel:
@@ -145,8 +158,12 @@ class StepSchedule:
         rest = self.eng.stage_times.get(key)
         if rest is None:
             rest = self.eng.stage_times[key] = self._rest_times(raw, host, extra)
-        out = {**fb, **rest}
-        out["src"] = {**fb["src"], **rest["src"]}
+        both = (id(fb), id(rest))
+        out = self.eng.stage_times.get(both)
+        if out is None:
+            out = {**fb, **rest}
+            out["src"] = {**fb["src"], **rest["src"]}
+            self.eng.stage_times[both] = out
         return out
 
     def _section_summary(self, seg: Segment, host: HostModel, delta_us: float) -> SectionSummary:
@@ -163,6 +180,13 @@ class StepSchedule:
                 host_map(g, h, seg.sync), float(g.sum()), float(h.sum()), float(g[~comm].sum()),
                 float(g[comm & ~ep].sum()), float(g[ep].sum()),
                 np.bincount(seg.src, weights=g, minlength=len(SOURCES)))
+        return hit
+
+    def _section_gpu_us(self, seg: Segment, host: HostModel) -> float:
+        key = (id(seg), host)
+        hit = self.eng.section_gpu_us.get(key)
+        if hit is None:
+            hit = self.eng.section_gpu_us[key] = float(seg.times(host)[0].sum())
         return hit
 
     def _fb_times(self, raw: dict[str, Any], host: HostModel, extra: tuple[float, float, float]
@@ -185,7 +209,7 @@ class StepSchedule:
         f, b = sums["fwd"], sums["bwd"]
         elapsed = elapsed_us(m)
         share_f = (f[0] + f[1] + 1e-9) / (f[0] + b[0] + f[1] + b[1] + 1e-9)
-        sections = {k: float(seg.times(host)[0].sum()) for k, seg in raw["sections"].items()}
+        sections = {k: self._section_gpu_us(seg, host) for k, seg in raw["sections"].items()}
         return {"src": {"fwd": f[5], "bwd": b[5]}, "sections": sections, "fb_gpu_us": float(f[0] + b[0]),
                 "fwd_us": elapsed * share_f, "bwd_us": elapsed * (1 - share_f),
                 "fwd_gpu_us": float(f[2]), "bwd_gpu_us": float(b[2]),
@@ -208,7 +232,13 @@ class StepSchedule:
         """Iteration time (us), breakdown (ms), per-stage times and the critical stage."""
         host = self.host_model(host)
         par, m = self.par, self.par.micro_batches
-        per_stage = [self._stage_times(r, host, e) for r, e in zip(self.raw, self.extras, strict=True)]
+        timed: dict[int, dict[str, Any]] = {}
+        per_stage = []
+        for r, e in zip(self.raw, self.extras, strict=True):
+            t = timed.get(id(r))
+            if t is None:
+                t = timed[id(r)] = self._stage_times(r, host, e)
+            per_stage.append(t)
         p2p = self.eng.comm.estimate("send_recv", self._p2p_bytes(), 2,
                                      spans_hosts=par.tp * par.dp >= self.eng.comm.gpus_per_node).us \
             if par.pp > 1 else 0.0
@@ -307,10 +337,15 @@ class StepSchedule:
         par = self.par
         if not pipelining_retained_outputs(par.framework) or not self.g.meta.traced_layers:
             return 0.0
-        call = OpCall("aten.cat.default", ([logits_spec(self.g, par)] * par.micro_batches,))
-        it = make_item(call.op, call.to_json_str(), Phase.BWD, False, call)
-        e = self.eng.latency.estimate([Query(it.key, call.op, it.info)])[it.key]
-        return e.warm_us + host.beta * (e.cold_us - e.warm_us)
+        spec = logits_spec(self.g, par)
+        key = ("merge", spec, par.micro_batches, host.beta)
+        hit = self.eng.dp_overheads.get(key)
+        if hit is None:
+            call = OpCall("aten.cat.default", ([spec] * par.micro_batches,))
+            it = make_item(call.op, call.to_json_str(), Phase.BWD, False, call)
+            e = self.eng.latency.estimate([Query(it.key, call.op, it.info)])[it.key]
+            hit = self.eng.dp_overheads[key] = e.warm_us + host.beta * (e.cold_us - e.warm_us)
+        return hit
 
     def _dp_spans_nodes(self) -> bool:
         """A data-parallel group crosses nodes once TP x DP outgrows a node."""

@@ -8,6 +8,7 @@ combination once and evaluates every DP/PP/ZeRO variant from the shared graph an
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import time
 from collections import Counter
@@ -175,10 +176,14 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
                            parallel=c.parallel, seq_len=space.seq_len, optimizer=space.optimizer) for c in valid]
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 0 <= jobs <= 256):
         raise SearchError(f"--jobs must be an integer in 0..256 (0: the machine's cores), got {jobs!r}")
-    from .graphcache import default_jobs, trace_missing
+    from .graphcache import default_jobs, trace_fields, trace_missing
 
     workers = jobs or default_jobs()
-    trace_missing(reqs, workers, progress)
+    # one request per graph, and none whose costed form is kept already (nothing to build for those)
+    per_graph: dict[str, PredictRequest] = {}
+    for r in reqs:
+        per_graph.setdefault(json.dumps(trace_fields(r), sort_keys=True), r)
+    trace_missing([r for r in per_graph.values() if not engine.has_costed(r)], workers, progress)
     evaluated = _evaluate(engine, list(zip(valid, reqs, strict=True)), tokens, price_per_gpu_hour, space.gpus,
                           workers, progress)
     eval_time = 0.0

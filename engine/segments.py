@@ -46,6 +46,7 @@ class Segment:
     # (a model whose layers differ, such as Gemma's sliding and global layers, has a mean layer)
     weight: np.ndarray | None = None
     ep_comm: np.ndarray | None = None  # collectives over the expert-parallel group (None: there are none)
+    flops: float | None = None  # the operators' FLOPs, weighted (set on a section kept in the costed-graph cache)
 
     def ep_mask(self) -> np.ndarray:
         return self.ep_comm if self.ep_comm is not None else np.zeros(len(self.cold), dtype=bool)
@@ -95,13 +96,16 @@ class Segment:
 
 
 _PHASE_CODE = {Phase.FWD: 0, Phase.BWD: 1, Phase.OPT: 2}
+_EMPTY = Segment.empty()
 
 
 class SegmentCache:
     """Per graph and TP (and EP) degree: raw operator arrays of every section, built once (search reuses them)."""
 
-    def __init__(self, eng: Engine, comp: Composer, tp: int, ep: int = 1) -> None:
-        self.eng, self.comp, self.tp, self.ep = eng, comp, tp, ep
+    def __init__(self, eng: Engine, comp: Composer, tp: int, ep: int = 1,
+                 pre: dict[tuple[Phase, Section], Segment] | None = None) -> None:
+        """pre: the graph's sections as the costed-graph cache kept them (its layers are uniform: no mix)."""
+        self.eng, self.comp, self.tp, self.ep, self.pre = eng, comp, tp, ep, pre
         self._sections: dict[tuple[Phase, Section, Any], Segment] = {}
         self._stages: dict[tuple[Phase, tuple[tuple[Section, int], ...], Any], Segment] = {}
 
@@ -120,9 +124,24 @@ class SegmentCache:
 
     def section(self, phase: Phase, sec: Section, mix: tuple[tuple[int, int], ...] | None = None) -> Segment:
         k = (phase, sec, mix if sec == Section.LAYER else None)
+        if self.pre is not None and k[2] is None:
+            return self.pre.get((phase, sec)) or _EMPTY
         if k not in self._sections:
             self._sections[k] = self._segment(self.comp.part(phase, sec), self.comp.part_weights(phase, sec, k[2]))
         return self._sections[k]
+
+    def costed_sections(self) -> dict[tuple[Phase, Section], Segment] | None:
+        """Every section of the graph with its FLOPs, to keep in the costed-graph cache; None where a stage's
+        sections depend on its mix of layer kinds."""
+        if self.pre is not None or self.comp.layer_kinds_mixed:
+            return None
+        out = {}
+        for ph, sec in self.comp.sections:
+            seg = self.section(ph, sec)
+            if seg.flops is None:
+                seg.flops = float(sum(it.info.flops * w for it, w in zip(seg.items, seg.weights(), strict=True)))
+            out[(ph, sec)] = seg
+        return out
 
     def items_segment(self, a: list[Item], b: list[Item] | None, kind: str) -> Segment:
         k = (id(a), id(b), kind, self.tp, self.ep)

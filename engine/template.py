@@ -585,17 +585,34 @@ def find(key: str) -> GraphTemplate | None:
     if key in _LOADED:
         return _LOADED[key]
     t = None
-    for d in (shipped_dir(), user_dir()):
-        p = d / f"{key}.json.gz"
-        if p.exists():
-            try:
-                t = GraphTemplate.load(p)
-                if t.key != key:
-                    t = None
-            except (OSError, ValueError, KeyError, TypeError, EOFError):
+    for p in _paths(key):
+        try:
+            t = GraphTemplate.load(p)
+            if t.key != key:
                 t = None
-            if t is not None:
-                break
+        except (OSError, ValueError, KeyError, TypeError, EOFError):
+            t = None
+        if t is not None:
+            break
     _LOADED[key] = t
     return t
+
+
+def _paths(key: str) -> list[Path]:
+    return [p for p in (shipped_dir() / f"{key}.json.gz", user_dir() / f"{key}.json.gz") if p.exists()]
+
+
+def file_digest(key: str) -> str | None:
+    """The bytes of the files `find` would try for a structural type, hashed (None: there are none): what a
+    graph built from the template depends on, without loading it."""
+    paths = _paths(key)
+    if not paths:
+        return None
+    h = hashlib.blake2b(digest_size=12)
+    for p in paths:
+        try:
+            h.update(p.read_bytes())
+        except OSError:
+            h.update(str(p).encode())
+    return h.hexdigest()
 

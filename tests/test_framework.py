@@ -11,6 +11,7 @@ from tp_query.engine.framework import (
     PipeSchedule,
     StageShape,
     Timeline,
+    _one_f_one_b_periodic,
     ddp_buckets,
     ddp_overhead,
     fsdp_overhead,
@@ -196,6 +197,24 @@ def test_pipeline_time_equals_the_event_simulation(schedule: PipeSchedule, pp: i
                 pipeline_time(fwd, bwd, pp, m, schedule, p2p)
             continue
         assert pipeline_time(fwd, bwd, pp, m, schedule, p2p) == _simulated(fwd, bwd, pp, m, schedule, p2p)
+
+
+@pytest.mark.parametrize("pp, m", [(2, 3), (2, 300), (3, 4), (4, 64), (5, 37), (8, 9), (8, 128), (16, 40)])
+def test_one_f_one_b_through_its_steady_state_equals_the_event_simulation(pp: int, m: int) -> None:
+    """Long 1F1B schedules are timed through the max-plus matrix of one steady period raised to the number of
+    periods; that must equal the plain event simulation (to float rounding), with uneven stages and transfers."""
+    rng = np.random.default_rng(pp * 1000 + m)
+    for _ in range(3):
+        fwd, bwd = tuple(rng.uniform(1, 100, pp)), tuple(rng.uniform(1, 200, pp))
+        p2p = float(rng.uniform(0, 30))
+        want = _simulated(list(fwd), list(bwd), pp, m, PipeSchedule.ONE_F_ONE_B, p2p)
+        assert _one_f_one_b_periodic(fwd, bwd, pp, m, p2p) == pytest.approx(want, rel=1e-12)
+        # a bottleneck stage in the middle, and transfers larger than a stage
+        fwd2 = tuple(x * (5.0 if k == pp // 2 else 1.0) for k, x in enumerate(fwd))
+        want2 = _simulated(list(fwd2), list(bwd), pp, m, PipeSchedule.ONE_F_ONE_B, 150.0)
+        assert _one_f_one_b_periodic(fwd2, bwd, pp, m, 150.0) == pytest.approx(want2, rel=1e-12)
+    assert pipeline_time([1.0] * pp, [2.0] * pp, pp, m, PipeSchedule.ONE_F_ONE_B, 0.0) == \
+        pytest.approx((m + pp - 1) * 3.0, rel=1e-12)
 
 
 def test_interleaving_shrinks_the_bubble_of_balanced_stages() -> None:
