@@ -266,11 +266,13 @@ class Composer:
 
         order = [src_index(p) for p in params]
 
+        unsharded = all(n <= 1 for n in shards)
+
         def remap(v: object) -> object:
             if isinstance(v, list) and len(v) == n_traced and n_traced > 0:
-                if all(isinstance(x, TensorSpec) for x in v):
-                    return [_shard(v[i], shards[j]) for j, i in enumerate(order)]
-                return [v[i] for i in order]
+                if unsharded or not all(isinstance(x, TensorSpec) for x in v):
+                    return [v[i] for i in order]  # (_shard leaves every tensor as it is at one shard)
+                return [_shard(v[i], shards[j]) for j, i in enumerate(order)]
             return v
 
         def shard_args(call: OpCall, n: int) -> OpCall:

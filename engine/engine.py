@@ -19,7 +19,7 @@ from .dbcache import DatabaseError, DbSnapshot
 from .framework import FrameworkData
 from .graph import Graph, Phase, Section, is_graph_json
 from .graphcache import graph_for, trace_fields
-from .hostsim import CalibrationError, HostModel
+from .hostsim import CalibrationError, HostModel, ShiftedHostMap
 from .lookup import LatencyModel, Source
 from .parallel import PlanError
 from .prediction import Assembled
@@ -72,6 +72,7 @@ class Engine:
         self._graphs: dict[str, Graph] = {}
         self._full_graphs: dict[str, Graph] = {}  # with every operator, where _graphs holds a costed one
         self._costed: CostedGraphs | None = None
+        self._costed_paths: dict[str, Path | None] = {}
         self._precosted: dict[int, dict[tuple[Phase, Section], Segment]] = {}  # id(graph) -> its costed sections
         self._to_store: dict[int, Path] = {}  # id(graph) -> where its costed sections go once built
         self._composers: dict[tuple[int, bool], Composer] = {}
@@ -86,6 +87,7 @@ class Engine:
         self.dp_overheads: dict[tuple[Any, ...], float] = {}
         self.section_summaries: dict[tuple[Any, ...], SectionSummary] = {}
         self.section_gpu_us: dict[tuple[Any, ...], float] = {}
+        self.shifted_maps: dict[tuple[Any, ...], ShiftedHostMap] = {}  # per (section, host model)
         self.stage_raws: dict[int, dict[tuple[Any, ...], Any]] = {}  # per segment cache: stage kind -> costed stage
 
     @property
@@ -110,7 +112,7 @@ class Engine:
             if g is None:
                 g = self._full_graphs[key] = graph_for(req)
             return g
-        path = self.costed.path(req, key)
+        path = self._costed_path(req, key)
         hit = CostedGraphs.load(path) if path is not None else None
         if hit is not None:
             g, sections = hit
@@ -127,8 +129,13 @@ class Engine:
         if is_graph_json(req.model):
             return False
         key = json.dumps({"model": req.model, **trace_fields(req)}, sort_keys=True, default=str)
-        path = self.costed.path(req, key)
+        path = self._costed_path(req, key)
         return path is not None and path.exists()
+
+    def _costed_path(self, req: PredictRequest, key: str) -> Path | None:
+        if key not in self._costed_paths:
+            self._costed_paths[key] = self.costed.path(req, key)
+        return self._costed_paths[key]
 
     def _keep_costed(self, g: Graph, comp: Composer, tp: int, ep: int) -> None:
         """Write a built graph's costed sections once (priced by now or on the way: every section is asked)."""

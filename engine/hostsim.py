@@ -9,6 +9,7 @@ bound; this gives the idle time between kernels, calibrated from measured iterat
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -145,3 +146,50 @@ def host_map(gpu_us: np.ndarray, host_us: np.ndarray, sync: np.ndarray) -> HostM
 def elapsed_us(m: HostMap) -> float:
     """The end of host and GPU work from an empty queue (both clocks at 0)."""
     return max(m[0], m[1], m[2], m[3])
+
+
+class ShiftedHostMap:
+    """`host_map(gpu_us, host_us + delta, sync)` for any delta >= 0 without the arrays: a framework's extra host
+    cost spread evenly over a stage's operators shifts every host cost by the same delta, which differs per stage
+    layout. Within a stretch the GPU end is max_k (C_k + (k + 1) delta) + G, with C_k = H_k - G_{k-1} the
+    unshifted scan: the upper envelope of lines of increasing slope, kept once (their hull) and read at any
+    delta by bisection. Equal to host_map to float rounding (the sums are associated differently)."""
+
+    __slots__ = ("_stretches",)
+
+    def __init__(self, gpu_us: np.ndarray, host_us: np.ndarray, sync: np.ndarray) -> None:
+        out = []
+        for a, b in _stretches(sync):
+            g = gpu_us[a:b]
+            h = np.cumsum(host_us[a:b])
+            gc = np.cumsum(g)
+            lines = _upper_hull((h - (gc - g)).tolist())
+            breaks = [(c0 - c1) / (s1 - s0) for (s0, c0), (s1, c1) in itertools.pairwise(lines)]
+            out.append((bool(sync[a]), float(h[-1]), len(g), float(gc[-1]), breaks, lines))
+        self._stretches = out
+
+    def at(self, delta: float) -> HostMap:
+        out = IDENTITY
+        for synced, h_end, n, g_end, breaks, lines in self._stretches:
+            if synced:
+                out = compose(_SYNC, out)
+            s, c = lines[bisect.bisect_right(breaks, delta)]
+            out = compose((h_end + n * delta, NEG, c + s * delta + g_end, g_end), out)
+        return out
+
+
+def _upper_hull(intercepts: list[float]) -> list[tuple[int, float]]:
+    """The lines y = intercepts[k] + (k + 1) x that are the maximum somewhere, in order of slope (the convex hull
+    trick: a line leaves when the next one overtakes its predecessor no later than it did)."""
+    hull: list[tuple[int, float]] = []
+    for k, c in enumerate(intercepts):
+        line = (k + 1, c)
+        while len(hull) >= 2:
+            (s0, c0), (s1, c1) = hull[-2], hull[-1]
+            # x where line overtakes hull[-2] <= x where hull[-1] did: hull[-1] is never the maximum
+            if (c0 - c) * (s1 - s0) <= (c0 - c1) * (line[0] - s0):
+                hull.pop()
+            else:
+                break
+        hull.append(line)
+    return hull

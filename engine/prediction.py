@@ -15,11 +15,11 @@ from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import TensorSpec
 
 from .flops import graph_parameter_count, megatron_model_flops, parameter_count
-from .framework import Framework
+from .framework import Framework, PipeSchedule, in_flight_microbatches
 from .graph import Phase, Section
 from .hostsim import HostModel
 from .lookup import Source
-from .memory import stage_memory
+from .memory import MemoryBreakdown, stage_memory
 from .request import OpRow, PredictError, Prediction
 from .schedule import StepSchedule
 from .segments import SOURCES, Segment
@@ -33,6 +33,7 @@ class Assembled(StepSchedule):
         host = host or self.eng.host
         par = self.par
         total_us, breakdown, per_stage, crit = self.evaluate(host)
+        mems = self.memories()
         m = par.micro_batches
         source_time: dict[str, float] = defaultdict(float)
         op_rows: dict[tuple[str, str], list[Any]] = {}
@@ -51,7 +52,6 @@ class Assembled(StepSchedule):
                         continue
                     row = op_rows.setdefault((it.phase.value, it.key), [it, 0, float(t / wi), str(SOURCES[code])])
                     row[1] += mult * wi
-        mems = [stage_memory(self.g, s, par, self.req.optimizer, self.eng.gpu) for s in self.stages]
         mem = max(mems, key=lambda x: x.peak_bytes)
         fits = all(x.fits for x in mems)
         if not fits:
@@ -127,9 +127,7 @@ class Assembled(StepSchedule):
             raise PredictError(f"--strict: {sources['extrapolated'] + sources['miss']:.1%} of the time would come "
                                "from extrapolation or misses")
         gb = par.global_batch or par.dp * par.micro_batch
-        tokens = gb * self.g.meta.seq_len
-        if self.g.meta.source == "module":  # its own batch of token ids per micro-batch (0 when it has none)
-            tokens = par.dp * par.micro_batches * self.g.meta.micro_batch * self.g.meta.seq_len
+        tokens = self.tokens_per_step()
         flops = self._flops(total_us, gb)
         return Prediction(
             iteration_ms=total_us / 1e3, breakdown=breakdown, peak_memory_gib=mem.peak_bytes / 2**30, fits=fits,
@@ -145,6 +143,35 @@ class Assembled(StepSchedule):
             ops=self._op_rows(op_rows) if self.with_ops else [], **flops,
             sections=self._section_rows(crit, per_stage[crit]),
         )
+
+    def memories(self) -> list[MemoryBreakdown]:
+        """Each stage's memory; stages of one kind differ only in the micro-batches they hold in flight, so each
+        (kind, in flight) is computed once."""
+        par = self.par
+        sched = PipeSchedule(par.pp_schedule)
+        seen: dict[tuple[int, float], MemoryBreakdown] = {}
+        out = []
+        for s, raw in zip(self.stages, self.raw, strict=True):
+            k = (id(raw), in_flight_microbatches(s.index, par.pp, par.micro_batches, sched))
+            mem = seen.get(k)
+            if mem is None:
+                mem = seen[k] = stage_memory(self.g, s, par, self.req.optimizer, self.eng.gpu)
+            out.append(mem)
+        return out
+
+    def tokens_per_step(self) -> int:
+        par = self.par
+        if self.g.meta.source == "module":  # its own batch of token ids per micro-batch (0 when it has none)
+            return par.dp * par.micro_batches * self.g.meta.micro_batch * self.g.meta.seq_len
+        return (par.global_batch or par.dp * par.micro_batch) * self.g.meta.seq_len
+
+    def plan_numbers(self) -> tuple[float, dict[str, float], MemoryBreakdown, bool]:
+        """What a planner ranks by, without the rest of the answer (sources, warnings, FLOPs, configuration):
+        iteration time (us), its breakdown (ms), the stage memory with the highest peak and whether every stage
+        fits; the same numbers `run` reports."""
+        total_us, breakdown, _, _ = self.evaluate(self.eng.host)
+        mems = self.memories()
+        return total_us, breakdown, max(mems, key=lambda x: x.peak_bytes), all(x.fits for x in mems)
 
     def _host_instances_ms(self, host: HostModel) -> tuple[float, float, int] | None:
         """The shortest and the longest iteration over the measured host instances (each instance's own

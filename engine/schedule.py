@@ -28,7 +28,17 @@ from .framework import (
     pipelining_retained_outputs,
 )
 from .graph import Graph, Phase, Section
-from .hostsim import IDENTITY, HostMap, HostModel, compose, elapsed_us, host_map, power, simulate
+from .hostsim import (
+    IDENTITY,
+    HostMap,
+    HostModel,
+    ShiftedHostMap,
+    compose,
+    elapsed_us,
+    host_map,
+    power,
+    simulate,
+)
 from .lookup import Query
 from .memory import logits_spec
 from .parallel import ParallelConfig
@@ -172,14 +182,20 @@ class StepSchedule:
         key = (id(seg), host, delta_us)
         hit = self.eng.section_summaries.get(key)
         if hit is None:
-            g, h = seg.times(host)
-            if delta_us:
-                h = h + delta_us
-            comm, ep = seg.is_comm, seg.ep_mask()
-            hit = self.eng.section_summaries[key] = SectionSummary(
-                host_map(g, h, seg.sync), float(g.sum()), float(h.sum()), float(g[~comm].sum()),
-                float(g[comm & ~ep].sum()), float(g[ep].sum()),
-                np.bincount(seg.src, weights=g, minlength=len(SOURCES)))
+            if delta_us:  # the unshifted sums, and the map of the shifted host costs from its envelope
+                base = self._section_summary(seg, host, 0.0)
+                shifted = self.eng.shifted_maps.get(key[:2])
+                if shifted is None:
+                    g, h = seg.times(host)
+                    shifted = self.eng.shifted_maps[key[:2]] = ShiftedHostMap(g, h, seg.sync)
+                hit = replace(base, map=shifted.at(delta_us), host_us=base.host_us + delta_us * len(seg.cold))
+            else:
+                g, h = seg.times(host)
+                comm, ep = seg.is_comm, seg.ep_mask()
+                hit = SectionSummary(host_map(g, h, seg.sync), float(g.sum()), float(h.sum()),
+                                     float(g[~comm].sum()), float(g[comm & ~ep].sum()), float(g[ep].sum()),
+                                     np.bincount(seg.src, weights=g, minlength=len(SOURCES)))
+            self.eng.section_summaries[key] = hit
         return hit
 
     def _section_gpu_us(self, seg: Segment, host: HostModel) -> float:

@@ -20,7 +20,7 @@ from tp_query.schema.model_config import ModelSpec, parse_config
 from tp_query.schema.precision import Setting
 
 from .parallel import ParallelConfig
-from .predict import Engine, PredictError, Prediction, PredictRequest
+from .predict import Engine, PredictError, PredictRequest
 from .request import OPTIMIZERS, setting_refusal
 
 
@@ -203,19 +203,22 @@ def _outcome(engine: Engine, c: Candidate, req: PredictRequest, tokens: float | 
         return Outcome(c, None, None, None, False, str(e)), 0.0
     te = time.perf_counter()
     try:
-        p: Prediction = engine.predict(req, graph=g)
+        asm = engine.assemble(req, graph=g)
+        total_us, breakdown, mem, fits = asm.plan_numbers()  # what `predict` reports, without the rest
     except PredictError as e:
         return Outcome(c, None, None, None, False, str(e)), time.perf_counter() - te
     dt = time.perf_counter() - te
+    tokens_per_s = asm.tokens_per_step() / (total_us / 1e6)
+    peak_gib = mem.peak_bytes / 2**30
     hours = cost = None
     if tokens:
-        hours = tokens / p.tokens_per_s / 3600.0
+        hours = tokens / tokens_per_s / 3600.0
         if price_per_gpu_hour is not None:
             cost = hours * gpus * price_per_gpu_hour
-    return Outcome(c, p.iteration_ms, p.tokens_per_s, p.peak_memory_gib, p.fits,
-                   "" if p.fits else f"out of memory: peak {p.peak_memory_gib:.1f} GiB > "
-                                     f"{p.memory['capacity_gib']:.1f} GiB usable",
-                   p.breakdown, hours, cost), dt
+    return Outcome(c, total_us / 1e3, tokens_per_s, peak_gib, fits,
+                   "" if fits else f"out of memory: peak {peak_gib:.1f} GiB > "
+                                   f"{mem.capacity_bytes / 2**30:.1f} GiB usable",
+                   breakdown, hours, cost), dt
 
 
 # Below this many candidates a search evaluates in its own process: a worker's start (imports and its engine,

@@ -602,6 +602,7 @@ def _paths(key: str) -> list[Path]:
     return [p for p in (shipped_dir() / f"{key}.json.gz", user_dir() / f"{key}.json.gz") if p.exists()]
 
 
+@functools.lru_cache(maxsize=4096)
 def file_digest(key: str) -> str | None:
     """The bytes of the files `find` would try for a structural type, hashed (None: there are none): what a
     graph built from the template depends on, without loading it."""

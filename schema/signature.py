@@ -47,6 +47,11 @@ class TensorSpec:
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
+    @functools.cached_property
+    def json_text(self) -> str:
+        """The spec's canonical JSON text (an optimizer call's lists repeat a few specs hundreds of times)."""
+        return _dumps(self.to_json())
+
     def effective_strides(self) -> tuple[int, ...]:
         return self.strides if self.strides is not None else contiguous_strides(self.shape)
 
@@ -130,9 +135,6 @@ def _encode(v: ArgValue) -> Any:
     return v
 
 
-_SPEC_STR: dict[TensorSpec, str] = {}
-
-
 def _dumps(v: Any) -> str:
     return json.dumps(v, sort_keys=True, separators=(",", ":"))
 
@@ -140,15 +142,10 @@ def _dumps(v: Any) -> str:
 def _encode_str(v: ArgValue) -> str:
     """_dumps(_encode(v)), built from each tensor spec's own cached text (an optimizer call holds hundreds of
     specs, most of them alike: a planner encodes such calls for every new sharding)."""
-    if isinstance(v, TensorSpec):
-        out = _SPEC_STR.get(v)
-        if out is None:
-            out = _dumps(v.to_json())
-            if len(_SPEC_STR) < 1 << 18:
-                _SPEC_STR[v] = out
-        return out
+    if type(v) is TensorSpec:
+        return v.json_text
     if isinstance(v, list | tuple):
-        return "[" + ",".join([_encode_str(x) for x in v]) + "]"
+        return "[" + ",".join([x.json_text if type(x) is TensorSpec else _encode_str(x) for x in v]) + "]"
     if v is None or isinstance(v, int | float | str):  # scalars recur in every rebuilt call: text once each
         # the type apart (True is 1) and the sign of zero apart (-0.0 == 0.0, but not as text)
         k = (type(v), v, math.copysign(1.0, v) if isinstance(v, float) else 0.0)

@@ -19,6 +19,7 @@ from tp_query.engine.framework import (
     pipeline_time,
     schedule_actions,
 )
+from tp_query.engine.hostsim import ShiftedHostMap, host_map
 
 
 def test_timeline_serialises_each_stream_and_respects_dependencies() -> None:
@@ -336,3 +337,20 @@ def test_fsdp_copy_kernels_are_measured_lines_and_no_host_instance() -> None:
     assert fd.fsdp_copy_us("copy_out", 100 * mib, 4, 2) == pytest.approx(100.0)  # fp32 elements: the fp32 line
     assert fd.fsdp_copy_us("copy_in", 100 * mib, 2, 2) is None
     assert fd.machines() == ["h1"] and fd.on("h1").copies == fd.copies
+
+
+def test_a_shifted_host_map_equals_the_map_of_the_shifted_costs() -> None:
+    """A framework's host extra shifts every operator's host cost of a stage by one delta; the envelope of the
+    unshifted scan must give host_map's answer at any delta (with syncs, idle GPU stretches, one operator)."""
+    rng = np.random.default_rng(7)
+    for t in range(60):
+        n = int(rng.integers(1, 300))
+        g = rng.exponential(20.0, n) * (rng.random(n) < 0.9)
+        h = rng.uniform(2.0, 30.0, n)
+        sync = rng.random(n) < (0.02 if t % 2 else 0.0)
+        shifted = ShiftedHostMap(g, h, sync)
+        for d in (0.0, 1e-9, 0.7, 5.0, 33.0, 1e4):
+            want = host_map(g, h + d, sync)
+            got = shifted.at(d)
+            for x, y in zip(got, want, strict=True):
+                assert x == y if y == float("-inf") else x == pytest.approx(y, rel=1e-12)
