@@ -105,9 +105,34 @@ def _cached_key(req: PredictRequest) -> str | None:
         key = _graph_cache_key(spec, req)
     except ConfigError:
         return None
-    if _cache_path(key).exists() or _template_of(spec, req) is not None:
-        return None  # (a template that will not instantiate leaves the graph to the caller's own trace)
+    if _cache_path(key).exists() or _has_template_file(spec, req):
+        return None
     return key
+
+
+def _has_template_file(spec: ModelSpec, req: PredictRequest) -> bool:
+    """Whether a template will build this request's graph (its box holds the request), read from the shipped
+    templates' index where it lists the type: a planner need not load every template to know what to trace."""
+    from . import template
+
+    par = req.parallel
+    if not template.templatable(spec, par.framework, par.ep, req.moe_imbalance):
+        return False
+    dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
+    return dims is not None and template.may_cover(
+        template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION), dims)
+
+
+def _structure_key(spec: ModelSpec, req: PredictRequest) -> str | None:
+    """The structural type of a request whose family templates reproduce (None: the graph is traced)."""
+    from . import template
+
+    par = req.parallel
+    if not template.templatable(spec, par.framework, par.ep, req.moe_imbalance):
+        return None
+    dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
+    return None if dims is None else template.structure_key(spec, trace_fields(req), template.ones_of(dims),
+                                                            TRACE_VERSION)
 
 
 def _trace_one(req: PredictRequest) -> bool:
@@ -179,13 +204,8 @@ def graph_identity(req: PredictRequest) -> str | None:
         return None
     from . import template
 
-    par = req.parallel
-    if template.templatable(spec, par.framework, par.ep, req.moe_imbalance):
-        dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
-        if dims is not None:
-            sk = template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION)
-            return f"{key}|template:{template.file_digest(sk)}"
-    return key
+    sk = _structure_key(spec, req)
+    return key if sk is None else f"{key}|template:{template.file_digest(sk)}"
 
 
 def _from_template(spec: ModelSpec, req: PredictRequest) -> Graph | None:

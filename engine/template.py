@@ -598,22 +598,68 @@ def find(key: str) -> GraphTemplate | None:
     return t
 
 
+INDEX_NAME = "index.json"  # beside shipped templates: each type's box and size-1 dimensions
+
+
+@functools.cache
+def _shipped_index() -> dict[str, Any]:
+    try:
+        obj = json.loads((shipped_dir() / INDEX_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return obj.get("templates", {}) if isinstance(obj, dict) and obj.get("format") == TEMPLATE_FORMAT else {}
+
+
+def may_cover(key: str, dims: dict[str, int]) -> bool:
+    """Whether a structural type's template holds these dimensions, from the shipped index where it lists the type
+    (no template is loaded) and from the template itself otherwise. A planner asks this to know which graphs need
+    a trace; building a graph loads the template and checks again, so a stale index costs time, never answers."""
+    entry = _shipped_index().get(key)
+    if entry is not None and (shipped_dir() / f"{key}.json.gz").exists():
+        if tuple(entry["ones"]) != ones_of(dims):
+            return False
+        return all(lo <= dims[k] <= hi for k, (lo, hi) in entry["box"].items())
+    t = find(key)
+    return t is not None and t.covers(dims)
+
+
+def write_index(directory: Path) -> int:
+    """The index of the templates in `directory` (what `may_cover` reads), rebuilt from every file; how many."""
+    out: dict[str, Any] = {}
+    for p in sorted(directory.glob("*.json.gz")):
+        t = GraphTemplate.load(p)
+        out[t.key] = {"ones": list(t.ones), "box": {k: list(v) for k, v in sorted(t.box.items())}}
+    tmp = directory / f".{INDEX_NAME}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"format": TEMPLATE_FORMAT, "templates": out}, sort_keys=True, separators=(",", ":")))
+    os.replace(tmp, directory / INDEX_NAME)
+    return len(out)
+
+
 def _paths(key: str) -> list[Path]:
     return [p for p in (shipped_dir() / f"{key}.json.gz", user_dir() / f"{key}.json.gz") if p.exists()]
 
 
-@functools.lru_cache(maxsize=4096)
 def file_digest(key: str) -> str | None:
     """The bytes of the files `find` would try for a structural type, hashed (None: there are none): what a
-    graph built from the template depends on, without loading it."""
-    paths = _paths(key)
-    if not paths:
-        return None
-    h = hashlib.blake2b(digest_size=12)
-    for p in paths:
+    graph built from the template depends on, without loading it. Read once per file state (path, size and
+    modification time: a template built or replaced meanwhile is read again)."""
+    state = []
+    for p in _paths(key):
         try:
-            h.update(p.read_bytes())
+            st = p.stat()
         except OSError:
-            h.update(str(p).encode())
+            continue
+        state.append((str(p), st.st_size, st.st_mtime_ns))
+    return _digest_of(tuple(state)) if state else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _digest_of(state: tuple[tuple[str, int, int], ...]) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    for path, _, _ in state:
+        try:
+            h.update(Path(path).read_bytes())
+        except OSError:
+            h.update(path.encode())
     return h.hexdigest()
 

@@ -274,3 +274,19 @@ def test_compiled_copy_and_vectorised_evaluation_equal_the_json_template(tmp_pat
             assert got is None
         else:
             assert got == want and [type(v) for v in got] == [type(v) for v in want]
+
+
+def test_the_shipped_index_lists_every_shipped_template_with_its_box() -> None:
+    """A planner decides what to trace from data/templates/index.json without loading templates: it must list
+    exactly the shipped files, each with its template's size-1 dimensions and box (a sample is loaded to compare)."""
+    import json as _json
+
+    d = template.shipped_dir()
+    idx = _json.loads((d / template.INDEX_NAME).read_text())
+    assert idx["format"] == template.TEMPLATE_FORMAT
+    files = sorted(p.name.split(".")[0] for p in d.glob("*.json.gz"))
+    assert sorted(idx["templates"]) == files
+    for key in files[:: max(1, len(files) // 12)]:
+        t = template.GraphTemplate.load(d / f"{key}.json.gz")
+        entry = idx["templates"][key]
+        assert tuple(entry["ones"]) == t.ones and {k: tuple(v) for k, v in entry["box"].items()} == t.box

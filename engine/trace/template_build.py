@@ -249,7 +249,11 @@ def main(argv: list[str] | None = None) -> None:
     with open(a.model) as f:
         spec = parse_config(json.load(f), "model")
     n = build_shipped(spec, a.precisions.split(","), a.out)
-    print(f"built {n} templates into {a.out}")
+    from pathlib import Path
+
+    from ..template import write_index
+
+    print(f"built {n} templates into {a.out}; index of {write_index(Path(a.out))}")
 
 
 if __name__ == "__main__":
