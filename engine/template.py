@@ -279,7 +279,7 @@ class GraphTemplate:
     def to_json(self) -> dict[str, Any]:
         return {"format": TEMPLATE_FORMAT, "key": self.key, "ones": list(self.ones),
                 "box": {k: list(v) for k, v in self.box.items()}, "skeleton": self.skeleton,
-                "forms": [_form_json(f) for f in self.forms], "traces": self.traces,
+                "forms": _forms_columns(self.forms), "traces": self.traces,
                 "torch_version": self.torch_version}
 
     @staticmethod
@@ -289,7 +289,9 @@ class GraphTemplate:
         exps: dict[tuple[int, ...], tuple[int, ...]] = {}
         return GraphTemplate(key=obj["key"], ones=tuple(obj["ones"]),
                              box={k: (int(a), int(b)) for k, (a, b) in obj["box"].items()},
-                             skeleton=obj["skeleton"], forms=tuple(_form_load(f, exps) for f in obj["forms"]),
+                             skeleton=obj["skeleton"],
+                             forms=tuple(_form_load(f, exps) for f in obj["forms"]) if isinstance(obj["forms"], list)
+                             else _forms_from_columns(obj["forms"]),
                              traces=int(obj["traces"]), torch_version=obj["torch_version"])
 
     def save(self, path: Path) -> None:
@@ -402,6 +404,59 @@ class _Plan:
                 return None
             vals[i] = x
         return vals
+
+
+def _coef_json(c: int | Fraction) -> int | str:
+    return c if type(c) is int else str(c)
+
+
+def _forms_columns(forms: tuple[Form, ...]) -> dict[str, Any]:
+    """The forms by kind, in columns (a template file's bulk: thousands of integer slots): one letter per slot
+    for its kind, each kind's values in slot order, and the exponent vectors once each."""
+    exps: dict[tuple[int, ...], int] = {}
+    cols: dict[str, list[Any]] = {"m_c": [], "m_d": [], "m_e": [], "f": [], "p": [], "l": []}
+    for f in forms:
+        if f[0] == "m":
+            cols["m_c"].append(_coef_json(f[1]))
+            cols["m_d"].append(_coef_json(f[2]))
+            cols["m_e"].append(exps.setdefault(tuple(f[3]), len(exps)))
+        elif f[0] == "l":
+            cols["l"].append([[_coef_json(c), exps.setdefault(tuple(e), len(exps))] for c, e in f[1]])
+        elif f[0] == "f":
+            cols["f"].append(f[1])
+        elif f[0] == "p":
+            cols["p"].append(list(f[1:]))
+        else:
+            raise ValueError(f"unknown template form {f[0]!r}")
+    return {"layout": "columns", "kind": "".join(f[0] for f in forms), "exps": [list(e) for e in exps], **cols}
+
+
+def _forms_from_columns(cols: dict[str, Any]) -> tuple[Form, ...]:
+    if cols.get("layout") != "columns":
+        raise ValueError("unknown template forms layout")
+    exps = [tuple(e) for e in cols["exps"]]
+    it = {k: iter(cols[k]) for k in ("m_c", "m_d", "m_e", "f", "p", "l")}
+    coef = _coef_from
+
+    def one(kind: str) -> Form:
+        if kind == "m":
+            return ("m", coef(next(it["m_c"])), coef(next(it["m_d"])), exps[next(it["m_e"])])
+        if kind == "f":
+            return ("f", next(it["f"]))
+        if kind == "p":
+            return ("p", *next(it["p"]))
+        if kind == "l":
+            return ("l", tuple((coef(c), exps[e]) for c, e in next(it["l"])))
+        raise ValueError(f"unknown template form {kind!r}")
+
+    out = tuple(one(k) for k in cols["kind"])
+    if any(next(v, None) is not None for v in it.values()):
+        raise ValueError("template forms with values left over")
+    return out
+
+
+def _coef_from(x: int | str) -> int | Fraction:
+    return x if type(x) is int else _coef(x)
 
 
 def _form_json(f: Form) -> list[Any]:
