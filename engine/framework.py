@@ -692,14 +692,16 @@ def _one_f_one_b_periodic(fwd_us: tuple[float, ...], bwd_us: tuple[float, ...], 
     A's power by squaring. Cool-down: the remaining O(pp^2) actions simulated from those clocks. The same
     maxima of the same sums as the simulation, in another association (equal to float rounding)."""
     neg = -np.inf
+    # warm-up: F(i) on rank r after F(i) on rank r - 1 (every dependency is a warm-up forward)
     clock = [0.0] * pp
-    # warm-up: F(i) on rank r after F(i) on rank r - 1, ranks in order (every dependency is a warm-up forward)
-    ends: dict[tuple[str, int, int], float] = {}
+    prev: list[float] = []
     for r in range(pp):
+        f_us, mine = fwd_us[r], []
         for i in range(pp - r):
-            ready = ends[("F", r - 1, i)] + p2p_us if r else 0.0
-            clock[r] = max(clock[r], ready) + fwd_us[r]
-            ends[("F", r, i)] = clock[r]
+            ready = prev[i] + p2p_us if r else 0.0
+            clock[r] = (clock[r] if clock[r] > ready else ready) + f_us
+            mine.append(clock[r])
+        prev = mine
     # one steady period as a max-plus matrix over the clocks before it
     eye = np.full((pp, pp), neg)
     np.fill_diagonal(eye, 0.0)
@@ -720,31 +722,41 @@ def _one_f_one_b_periodic(fwd_us: tuple[float, ...], bwd_us: tuple[float, ...], 
         n >>= 1
         if n:
             base = _maxplus(base, base)
-    x = np.max(power + np.asarray(clock)[None, :], axis=1)
-    clock = [float(v) for v in x]
-    # cool-down: each rank's remaining actions from where its steady periods ended; the forwards done last in the
-    # periods (F(pp - r + periods - 1) on rank r) ended at the ranks' clocks
-    acts = [[a for b in range(periods, m - pp + r) for a in (("B", r, b), ("F", r, pp - r + b))]
-            + [("B", r, b) for b in range(m - pp + r, m)] for r in range(pp)]
-    ends = {("F", r, pp - r + periods - 1): clock[r] for r in range(pp)}
+    clock = np.max(power + np.asarray(clock)[None, :], axis=1).tolist()
+    # cool-down: rank r has r pairs B(b), F(pp - r + b) left (b from `periods`), then B of the last pp - r
+    # micro-batches; F(i) waits for rank r - 1's F(i) (the last period's: that rank's clock), B(b) for rank
+    # r + 1's B(b) (the last rank's for its own F(b)). Run in rounds over the ranks, as the simulation does.
+    f_end: dict[int, float] = {r * m + pp - r + periods - 1: clock[r] for r in range(pp)}
+    b_end_t: dict[int, float] = {}
+    acts = [[a for b in range(periods, m - pp + r) for a in ((1, b), (0, pp - r + b))]
+            + [(1, b) for b in range(m - pp + r, m)] for r in range(pp)]
     pos = [0] * pp
     left = sum(len(a) for a in acts)
+    last = pp - 1
     while left:
         progressed = False
         for r in range(pp):
-            while pos[r] < len(acts[r]):
-                kind, s, i = acts[r][pos[r]]
-                if kind == "F":
-                    dep, hop = ends.get(("F", s - 1, i)) if s else 0.0, p2p_us if s else 0.0
+            todo, at, c = acts[r], pos[r], clock[r]
+            while at < len(todo):
+                is_b, i = todo[at]
+                if is_b:
+                    dep = f_end.get(r * m + i) if r == last else b_end_t.get((r + 1) * m + i)
+                    if dep is None:
+                        break
+                    ready = dep if r == last else dep + p2p_us
+                    c = (c if c > ready else ready) + bwd_us[r]
+                    b_end_t[r * m + i] = c
                 else:
-                    dep, hop = (ends.get(("F", s, i)), 0.0) if s == pp - 1 else (ends.get(("B", s + 1, i)), p2p_us)
-                if dep is None:
-                    break
-                clock[r] = max(clock[r], dep + hop) + (fwd_us[s] if kind == "F" else bwd_us[s])
-                ends[(kind, s, i)] = clock[r]
-                pos[r] += 1
-                left -= 1
-                progressed = True
+                    dep = f_end.get((r - 1) * m + i) if r else 0.0
+                    if dep is None:
+                        break
+                    ready = dep + p2p_us if r else 0.0
+                    c = (c if c > ready else ready) + fwd_us[r]
+                    f_end[r * m + i] = c
+                at += 1
+            left -= at - pos[r]
+            progressed = progressed or at > pos[r]
+            pos[r], clock[r] = at, c
         if not progressed:
             raise RuntimeError("pipeline schedule deadlock")
     return max(clock)

@@ -19,6 +19,7 @@ from typing import Any
 from tp_query.schema.model_config import ModelSpec, parse_config
 from tp_query.schema.precision import Setting
 
+from .graph import Graph
 from .parallel import ParallelConfig
 from .predict import Engine, PredictError, PredictRequest
 from .request import OPTIMIZERS, setting_refusal
@@ -195,12 +196,24 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
 
 
 def _outcome(engine: Engine, c: Candidate, req: PredictRequest, tokens: float | None,
-             price_per_gpu_hour: float | None, gpus: int) -> tuple[Outcome, float]:
-    """One candidate's outcome and the seconds its prediction took (its graph's trace or instantiation apart)."""
-    try:
-        g = engine.graph(req)  # trace (once per graph key) outside the timed evaluation
-    except PredictError as e:
-        return Outcome(c, None, None, None, False, str(e)), 0.0
+             price_per_gpu_hour: float | None, gpus: int,
+             graphs: dict[str, Graph | PredictError] | None = None) -> tuple[Outcome, float]:
+    """One candidate's outcome and the seconds its prediction took (its graph's trace or instantiation apart).
+    graphs: this search's graphs by trace fields (every candidate has the same model: the engine's own key
+    would encode the model's config again for each)."""
+    from .graphcache import trace_fields
+
+    k = json.dumps(trace_fields(req), sort_keys=True)
+    g = graphs.get(k) if graphs is not None else None
+    if g is None:
+        try:
+            g = engine.graph(req)  # trace (once per graph key) outside the timed evaluation
+        except PredictError as e:
+            g = e
+        if graphs is not None:
+            graphs[k] = g
+    if isinstance(g, PredictError):
+        return Outcome(c, None, None, None, False, str(g)), 0.0
     te = time.perf_counter()
     try:
         asm = engine.assemble(req, graph=g)
@@ -231,7 +244,8 @@ def _evaluate_chunk(engine_args: tuple[Any, ...], work: list[tuple[int, Candidat
                     ) -> list[tuple[int, Outcome, float]]:
     """A worker's share of a search: whole graphs' candidates, with its own engine on the same database."""
     eng = Engine(*engine_args)
-    return [(i, *_outcome(eng, c, r, tokens, price_per_gpu_hour, gpus)) for i, c, r in work]
+    graphs: dict[str, Graph | PredictError] = {}
+    return [(i, *_outcome(eng, c, r, tokens, price_per_gpu_hour, gpus, graphs)) for i, c, r in work]
 
 
 def _evaluate(engine: Engine, work: list[tuple[Candidate, PredictRequest]], tokens: float | None,
@@ -271,9 +285,10 @@ def _evaluate(engine: Engine, work: list[tuple[Candidate, PredictRequest]], toke
         except (OSError, RuntimeError):  # no worker processes here (a sandbox): everything in this one
             pool, futures = None, []
             shares = [list(range(total))]
+    graphs: dict[str, Graph | PredictError] = {}
     try:
         for i in sorted(shares[0]):
-            out[i] = _outcome(engine, work[i][0], work[i][1], tokens, price_per_gpu_hour, gpus)
+            out[i] = _outcome(engine, work[i][0], work[i][1], tokens, price_per_gpu_hour, gpus, graphs)
             done += 1
             if progress:
                 progress(done, total)
@@ -281,7 +296,7 @@ def _evaluate(engine: Engine, work: list[tuple[Candidate, PredictRequest]], toke
             try:
                 got = f.result()
             except Exception:  # a worker died: its share here (its own errors are outcomes, not exceptions)
-                got = [(i, *_outcome(engine, work[i][0], work[i][1], tokens, price_per_gpu_hour, gpus))
+                got = [(i, *_outcome(engine, work[i][0], work[i][1], tokens, price_per_gpu_hour, gpus, graphs))
                        for i in sorted(share)]
             for i, o, dt in got:
                 out[i] = (o, dt)
