@@ -12,6 +12,7 @@ layers differ in kind (their stage sections depend on the stage's mix of kinds) 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -64,6 +65,7 @@ class CostedGraphs:
     def __init__(self, eng: Engine) -> None:
         fp = eng.db.fingerprint
         self.dir: Path | None = None
+        self._pruned = False
         if fp is not None:
             h = hashlib.blake2b(digest_size=12)
             for part in (fp, json.dumps(asdict(eng.system) if eng.system else None, sort_keys=True),
@@ -97,18 +99,57 @@ class CostedGraphs:
         except (ValueError, KeyError, TypeError, IndexError, struct.error, json.JSONDecodeError):
             return None
 
-    @staticmethod
-    def store(path: Path, g: Graph, sections: Sections) -> None:
+    def store(self, path: Path, g: Graph, sections: Sections) -> None:
         """Atomically (a temporary of this process, then a rename); an unwritable cache only costs the next process
-        the work again."""
+        the work again. The first store of a process prunes the cache of other contexts (older databases and
+        code) beyond CAP_BYTES, least recently written first."""
         try:
             body = _encode(g, sections)
+            if not self._pruned:
+                self._pruned = True
+                prune(path.parent.parent, keep=path.parent.name)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_bytes(body)
             os.replace(tmp, path)
         except OSError:
             pass
+
+
+CAP_BYTES = 1 << 30  # costed graphs of other contexts kept beyond the current one's (a search space is ~20 MB)
+
+
+def prune(root: Path, keep: str, cap_bytes: int = CAP_BYTES) -> list[str]:
+    """Remove whole context folders under `root` other than `keep`, least recently written first, until what
+    stays is within cap_bytes; the names removed."""
+    sizes: list[tuple[float, str, int]] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return []
+    total = 0
+    for d in entries:
+        if not d.is_dir() or d.name == keep:
+            continue
+        n, newest = 0, 0.0
+        for f in os.scandir(d.path):
+            st = f.stat()
+            n += st.st_size
+            newest = max(newest, st.st_mtime)
+        sizes.append((newest, d.name, n))
+        total += n
+    removed = []
+    for _, name, n in sorted(sizes):
+        if total <= cap_bytes:
+            break
+        for f in os.scandir(root / name):
+            with contextlib.suppress(OSError):
+                os.unlink(f.path)
+        with contextlib.suppress(OSError):
+            os.rmdir(root / name)
+        total -= n
+        removed.append(name)
+    return removed
 
 
 def _encode(g: Graph, sections: Sections) -> bytes:

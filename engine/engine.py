@@ -144,7 +144,7 @@ class Engine:
             return
         sections = self.segments_for(comp, tp, ep).costed_sections()
         if sections is not None:
-            CostedGraphs.store(path, g, sections)
+            self.costed.store(path, g, sections)
 
     def composer(self, g: Graph) -> Composer:
         k = (id(g), SETTINGS[Setting(g.meta.setting)].allow_tf32)
