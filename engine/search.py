@@ -182,9 +182,9 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
     workers = jobs or default_jobs()
     # one request per graph, and none whose costed form is kept already (nothing to build for those)
     per_graph: dict[str, PredictRequest] = {}
-    for r in reqs:
-        per_graph.setdefault(json.dumps(trace_fields(r), sort_keys=True), r)
-    trace_missing([r for r in per_graph.values() if not engine.has_costed(r)], workers, progress)
+    for rq in reqs:
+        per_graph.setdefault(json.dumps(trace_fields(rq), sort_keys=True), rq)
+    trace_missing([rq for rq in per_graph.values() if not engine.has_costed(rq)], workers, progress)
     evaluated = _evaluate(engine, list(zip(valid, reqs, strict=True)), tokens, price_per_gpu_hour, space.gpus,
                           workers, progress)
     eval_time = 0.0

@@ -456,7 +456,7 @@ def _forms_from_columns(cols: dict[str, Any]) -> tuple[Form, ...]:
 
 
 def _coef_from(x: int | str) -> int | Fraction:
-    return x if type(x) is int else _coef(x)
+    return _coef(x) if isinstance(x, str) else x
 
 
 def _form_json(f: Form) -> list[Any]:
