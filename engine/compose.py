@@ -178,6 +178,8 @@ class Composer:
         self.layer_kinds_mixed = mixed
         self.opt_records: list[OpRecord] = [o for o in graph.ops if o.phase == Phase.OPT]
         self._opt_calls_parsed: list[OpCall] | None = None
+        self._partial: tuple[Any, ...] | None = None  # (op, calls per norm, dtype) of SP's Partial reductions
+        self._blocks: dict[int, str] = {}  # traced optimizer call -> the per-parameter block it starts, if any
         self.traced_params = list(graph.params)
         # each model layer's traced template (one per layer kind) and each template's parameters
         self.template_of = layer_template_of(graph.meta) if graph.meta.traced_layers > 0 else []
@@ -282,7 +284,9 @@ class Composer:
                           call.kwargs)
 
         calls = self._opt_calls
-        per_param: dict[tuple[int, int], Item] = {}  # (traced call, shards): the same item for every layer's copy
+        # (traced call, shards): the same item for every layer's copy, and for every stage layout of the graphs that
+        # share these parameters and this optimizer step (param_key)
+        per_param: dict[tuple[int, int], Item] = self._stage_cache.setdefault(("param_items", self.param_key), {})
 
         def param_item(k: int, n: int) -> Item:
             it = per_param.get((k, n))
@@ -328,17 +332,34 @@ class Composer:
     def _partial_grad_reductions(self, params: list[ParamRecord]) -> list[Item]:
         """DTensor sequence parallelism: the all-reduces the traced optimizer step made of the Partial gradients
         of its sequence-parallel norms (graph.sequence_parallel_norm), as many per norm of this stage."""
-        traced = [o for o in self.opt_records if o.op.startswith("comm.")]
-        n_traced = sum(sequence_parallel_norm(p.name, tuple(p.shape)) for p in self.traced_params)
-        if not traced or not n_traced:
+        if self._partial is None:
+            traced = [o for o in self.opt_records if o.op.startswith("comm.")]
+            n_traced = sum(sequence_parallel_norm(p.name, tuple(p.shape)) for p in self.traced_params)
+            self._partial = (traced[0].op, len(traced) // n_traced,
+                             OpCall.from_json_str(traced[0].op, traced[0].sig).args[0].dtype  # type: ignore[union-attr]
+                             ) if traced and n_traced else ()
+        if not self._partial:
             return []
-        per_param = len(traced) // n_traced
-        dt = OpCall.from_json_str(traced[0].op, traced[0].sig).args[0].dtype  # type: ignore[union-attr]
-        return [_call_item(OpCall(traced[0].op, (TensorSpec(tuple(p.shape), dt),), (("group", "tp"),)),
-                           Phase.OPT, self.allow_tf32)
-                for p in params if sequence_parallel_norm(p.name, tuple(p.shape)) for _ in range(per_param)]
+        op, per_param, dt = self._partial
+        items: dict[tuple[int, ...], Item] = {}
+        out = []
+        for p in params:
+            if sequence_parallel_norm(p.name, tuple(p.shape)):
+                it = items.get(p.shape)
+                if it is None:
+                    it = items[p.shape] = _call_item(OpCall(op, (TensorSpec(tuple(p.shape), dt),),
+                                                            (("group", "tp"),)), Phase.OPT, self.allow_tf32)
+                out += [it] * per_param
+        return out
 
     def _per_param_block(self, calls: list[OpCall], i: int) -> str:
+        """_block_at, once per traced call (every stage layout asks again)."""
+        hit = self._blocks.get(i)
+        if hit is None:
+            hit = self._blocks[i] = self._block_at(calls, i)
+        return hit
+
+    def _block_at(self, calls: list[OpCall], i: int) -> str:
         """Whether the traced optimizer step has, from call i, one plain call per traced parameter in their
         order ("params": each call's tensors have its parameter's shape, like Megatron's per-tensor gradient
         norms and copy-back or a master-weight optimizer's gradient casts) or the same call once per parameter
@@ -509,7 +530,13 @@ def mean_layer_bytes(params: list[ParamRecord]) -> tuple[int, ...]:
 
 
 def _spec(p: ParamRecord) -> TensorSpec:
-    return TensorSpec(tuple(p.shape), DType(p.dtype))
+    return _spec_of(tuple(p.shape), p.dtype)
+
+
+@functools.lru_cache(maxsize=65536)
+def _spec_of(shape: tuple[int, ...], dtype: str) -> TensorSpec:
+    """One spec object per (shape, dtype): a stage's every layer has the same few."""
+    return TensorSpec(shape, DType(dtype))
 
 
 def _per_shape(params: list[ParamRecord], build: Callable[[TensorSpec], Item]) -> list[Item]:

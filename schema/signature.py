@@ -213,8 +213,10 @@ class OpCall:
         """Every tensor argument, lists flattened, in argument order (found once per call: optimizer
         calls carry hundreds)."""
         if self._tensors is None:
-            found = tuple(t for v in list(self.args) + [v for _, v in self.kwargs] for t in _iter_tensors(v))
-            object.__setattr__(self, "_tensors", found)
+            found: list[TensorSpec] = []
+            for v in list(self.args) + [v for _, v in self.kwargs]:
+                _collect_tensors(v, found)
+            object.__setattr__(self, "_tensors", tuple(found))
         return iter(self._tensors)  # type: ignore[arg-type]
 
     def device_tensors(self) -> list[TensorSpec]:
@@ -229,6 +231,20 @@ class OpCall:
     def on_host_only(self) -> bool:
         ts = list(self.tensors())
         return bool(ts) and all(t.host for t in ts)
+
+
+def _collect_tensors(v: ArgValue, out: list[TensorSpec]) -> None:
+    """_iter_tensors into a list, a list of specs in one pass (an optimizer call's lists hold hundreds)."""
+    if type(v) is TensorSpec:
+        out.append(v)
+    elif isinstance(v, list | tuple):
+        for x in v:
+            if type(x) is TensorSpec:
+                out.append(x)
+            elif isinstance(x, TensorSpec | list | tuple):
+                _collect_tensors(x, out)
+    elif isinstance(v, TensorSpec):
+        out.append(v)
 
 
 def _iter_tensors(v: ArgValue) -> Iterator[TensorSpec]:
