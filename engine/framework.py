@@ -724,41 +724,22 @@ def _one_f_one_b_periodic(fwd_us: tuple[float, ...], bwd_us: tuple[float, ...], 
             base = _maxplus(base, base)
     clock = np.max(power + np.asarray(clock)[None, :], axis=1).tolist()
     # cool-down: rank r has r pairs B(b), F(pp - r + b) left (b from `periods`), then B of the last pp - r
-    # micro-batches; F(i) waits for rank r - 1's F(i) (the last period's: that rank's clock), B(b) for rank
-    # r + 1's B(b) (the last rank's for its own F(b)). Run in rounds over the ranks, as the simulation does.
-    f_end: dict[int, float] = {r * m + pp - r + periods - 1: clock[r] for r in range(pp)}
-    b_end_t: dict[int, float] = {}
-    acts = [[a for b in range(periods, m - pp + r) for a in ((1, b), (0, pp - r + b))]
-            + [(1, b) for b in range(m - pp + r, m)] for r in range(pp)]
-    pos = [0] * pp
-    left = sum(len(a) for a in acts)
+    # micro-batches. B(b) of rank r waits for rank r + 1's B(b) (the last rank's for its own F(b), its latest
+    # forward), F(pp - r + b) for rank r - 1's F of the pair before (that rank's latest forward): so each b in
+    # turn, ranks from the last to the first
+    f_last = list(clock)  # each rank's latest forward: the last period's
     last = pp - 1
-    while left:
-        progressed = False
-        for r in range(pp):
-            todo, at, c = acts[r], pos[r], clock[r]
-            while at < len(todo):
-                is_b, i = todo[at]
-                if is_b:
-                    dep = f_end.get(r * m + i) if r == last else b_end_t.get((r + 1) * m + i)
-                    if dep is None:
-                        break
-                    ready = dep if r == last else dep + p2p_us
-                    c = (c if c > ready else ready) + bwd_us[r]
-                    b_end_t[r * m + i] = c
-                else:
-                    dep = f_end.get((r - 1) * m + i) if r else 0.0
-                    if dep is None:
-                        break
-                    ready = dep + p2p_us if r else 0.0
-                    c = (c if c > ready else ready) + fwd_us[r]
-                    f_end[r * m + i] = c
-                at += 1
-            left -= at - pos[r]
-            progressed = progressed or at > pos[r]
-            pos[r], clock[r] = at, c
-        if not progressed:
-            raise RuntimeError("pipeline schedule deadlock")
+    for b in range(periods, m):
+        dep = 0.0
+        for r in range(last, -1, -1):
+            ready = f_last[r] if r == last else dep + p2p_us
+            c = (clock[r] if clock[r] > ready else ready) + bwd_us[r]
+            dep = c
+            if b < m - pp + r:  # this rank's forward of the pair
+                ready = f_last[r - 1] + p2p_us if r else 0.0
+                c = (c if c > ready else ready) + fwd_us[r]
+                f_last[r] = c
+            clock[r] = c
     return max(clock)
 
 
