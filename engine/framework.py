@@ -333,43 +333,49 @@ class Timeline:
         tasks = self.tasks
         for t in tasks:
             t.end = -1.0
-        queues = ([i for i, t in enumerate(tasks) if t.stream == 0], [i for i, t in enumerate(tasks) if t.stream == 1])
+        queues = ([t for t in tasks if t.stream == 0], [t for t in tasks if t.stream == 1])
         head = [0, 0]
-        running = [-1, -1]  # per stream: the task it runs (-1: idle) and its remaining us of work
+        running: list[_Task | None] = [None, None]  # per stream: the task it runs, and its remaining us of work
         rem = [0.0, 0.0]
         now = 0.0
         ends = [0.0, 0.0]
         while True:
             for st in (0, 1):  # start what can start
                 q = queues[st]
-                while running[st] < 0 and head[st] < len(q):
-                    t = tasks[q[head[st]]]
+                while running[st] is None and head[st] < len(q):
+                    t = q[head[st]]
                     if any(tasks[d].end < 0 for d in t.deps):
                         break
+                    head[st] += 1
                     if t.us <= 0:
                         t.end = now
-                        head[st] += 1
                         continue
-                    running[st] = q[head[st]]
+                    running[st] = t
                     rem[st] = t.us
-                    head[st] += 1
-            on = [st for st in (0, 1) if running[st] >= 0]
-            if not on:
-                break
-            rate = [1.0, 1.0]
-            if len(on) == 2:
-                c_slow, m_slow = tasks[running[1]].slow
-                rate = [1.0 / c_slow, 1.0 / m_slow]
-            dt = min(rem[st] / rate[st] for st in on)
-            now += dt
-            for st in on:
-                r = rem[st] - dt * rate[st]
+            c, k = running
+            if c is not None and k is not None:  # both run, each at its slowed rate
+                rate_c, rate_k = 1.0 / k.slow[0], 1.0 / k.slow[1]
+                dt = min(rem[0] / rate_c, rem[1] / rate_k)
+                now += dt
+                r = rem[0] - dt * rate_c
                 if r <= 1e-9:
-                    tasks[running[st]].end = now
-                    ends[st] = now
-                    running[st] = -1
+                    c.end = ends[0] = now
+                    running[0] = None
                 else:
-                    rem[st] = r
+                    rem[0] = r
+                r = rem[1] - dt * rate_k
+                if r <= 1e-9:
+                    k.end = ends[1] = now
+                    running[1] = None
+                else:
+                    rem[1] = r
+            elif c is not None or k is not None:
+                st = 0 if c is not None else 1
+                now += rem[st] / 1.0
+                running[st].end = ends[st] = now  # type: ignore[union-attr]
+                running[st] = None
+            else:
+                break
         if any(t.end < 0 for t in tasks):
             raise RuntimeError("timeline deadlock: a dependency on a task issued later on the same stream")
         return ends[0], max(ends[0], ends[1])
@@ -529,25 +535,37 @@ def fsdp_overhead(s: StageShape, comm: CommFn, inter: Interference, *, reshard: 
     head gradients) last and exposed. Returns the time forward and backward take beyond their plain compute,
     in us."""
     L = s.layers
+    priced: dict[tuple[str, float], Any] = {}  # every layer's unit is the same size: each cost once
+
+    def once(what: str, nbytes: float, cost: Callable[[], Any]) -> Any:
+        hit = priced.get((what, nbytes))
+        if hit is None:
+            hit = priced[(what, nbytes)] = cost()
+        return hit
 
     def gather(tl: Timeline, nbytes: float, deps: list[int | None]) -> int:
         full = nbytes * gather_ratio
-        return tl.comm(inter, "all_gather", full, copy_us("copy_in", full) + comm("all_gather", full), deps)
+        us, slow = once("gather", full, lambda: (copy_us("copy_in", full) + comm("all_gather", full),
+                                                 inter.factors("all_gather", full)))
+        return tl.add("comm", us, deps, slow)
 
     def reduce(tl: Timeline, nbytes: float, after: int) -> int:
         """The copy-in on the compute stream after `after`, then the reduce-scatter; returns the copy-in."""
         full = nbytes * reduce_ratio
-        c = tl.add("compute", copy_us("rs_copy_in", full), [after])
-        tl.comm(inter, "reduce_scatter", full, comm("reduce_scatter", full), [c])
+        copy, us, slow = once("reduce", full, lambda: (copy_us("rs_copy_in", full), comm("reduce_scatter", full),
+                                                       inter.factors("reduce_scatter", full)))
+        c = tl.add("compute", copy, [after])
+        tl.add("comm", us, [c], slow)
         return c
 
     tl = Timeline()
     g_root = gather(tl, s.root_bytes, []) if s.root_bytes else None
     f_prev2: int | None = None
     f_prev = tl.add("compute", s.fwd_embed_us + copy_us("copy_out", s.root_bytes * gather_ratio), [g_root])
+    layer_out = copy_us("copy_out", s.layer_bytes * gather_ratio)
     for _ in range(L):
         g = gather(tl, s.layer_bytes, [f_prev2])
-        f = tl.add("compute", s.fwd_layer_us + copy_us("copy_out", s.layer_bytes * gather_ratio), [g, f_prev])
+        f = tl.add("compute", s.fwd_layer_us + layer_out, [g, f_prev])
         f_prev2, f_prev = f_prev, f
     tl.add("compute", s.fwd_head_us, [f_prev])
     _, f_all = tl.run()
@@ -559,8 +577,7 @@ def fsdp_overhead(s: StageShape, comm: CommFn, inter: Interference, *, reshard: 
     for i in range(L, 0, -1):
         if reshard and i > 1:
             gathers[i - 1] = gather(tl, s.layer_bytes, [prev])
-        b = tl.add("compute", s.bwd_layer_us + (copy_us("copy_out", s.layer_bytes * gather_ratio) if reshard else 0.0),
-                   [gathers.get(i), prev])
+        b = tl.add("compute", s.bwd_layer_us + (layer_out if reshard else 0.0), [gathers.get(i), prev])
         prev = reduce(tl, s.layer_bytes, b)
     b_emb = tl.add("compute", s.bwd_embed_us, [prev])
     if s.root_bytes:
