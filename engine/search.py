@@ -239,70 +239,123 @@ def _outcome(engine: Engine, c: Candidate, req: PredictRequest, tokens: float | 
 PARALLEL_MIN_CANDIDATES = 400
 
 
-def _evaluate_chunk(engine_args: tuple[Any, ...], work: list[tuple[int, Candidate, PredictRequest]],
-                    tokens: float | None, price_per_gpu_hour: float | None, gpus: int
-                    ) -> list[tuple[int, Outcome, float]]:
-    """A worker's share of a search: whole graphs' candidates, with its own engine on the same database."""
-    eng = Engine(*engine_args)
-    graphs: dict[str, Graph | PredictError] = {}
+_WORKER: dict[str, Any] = {}  # a worker process's own engine and graphs, built once by _worker_start
+
+
+def _worker_start(engine_args: tuple[Any, ...]) -> None:
+    import atexit
+
+    # registered first, so it runs last: after the handlers that write this worker's caches (the estimate memo),
+    # the worker leaves without tearing down its heap (millions of cached objects: seconds the planner would
+    # wait for in the pool's shutdown)
+    atexit.register(_leave_now)
+    _WORKER["engine"] = Engine(*engine_args)
+    _WORKER["graphs"] = {}
+
+
+def _leave_now() -> None:
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _evaluate_group(work: list[tuple[int, Candidate, PredictRequest]], tokens: float | None,
+                    price_per_gpu_hour: float | None, gpus: int) -> list[tuple[int, Outcome, float]]:
+    """One group of a search in a worker process, with the engine it holds for every group it is dealt."""
+    eng, graphs = _WORKER["engine"], _WORKER["graphs"]
     return [(i, *_outcome(eng, c, r, tokens, price_per_gpu_hour, gpus, graphs)) for i, c, r in work]
 
 
 def _evaluate(engine: Engine, work: list[tuple[Candidate, PredictRequest]], tokens: float | None,
               price_per_gpu_hour: float | None, gpus: int, jobs: int,
               progress: Callable[[int, int], None] | None) -> list[tuple[Outcome, float]]:
-    """Every candidate's outcome, in the order given. The candidates of one precision and TP degree stay in one
-    process (their graphs share instantiation, lookups and stage lists); with several jobs those groups are dealt
-    to worker processes, this process evaluating a share itself. The outcomes are the same as in one process:
-    each is a pure function of the database and the request."""
+    """Every candidate's outcome, in the order given. The candidates of one precision and TP degree form a group
+    (their graphs share instantiation, lookups and stage lists). With several jobs the groups are dealt as they
+    are taken, largest first, to this process and to jobs - 1 worker processes (each keeps its engine for every
+    group it gets): a process that started later or got slower groups takes fewer. The outcomes are the same
+    as in one process: each is a pure function of the database and the request."""
+    import threading
+
     total = len(work)
     out: list[tuple[Outcome, float] | None] = [None] * total
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (c, _) in enumerate(work):
-        p = c.parallel
-        # what graphs share besides their own work: the parameter lists, optimizer steps and templates of one
-        # precision and TP degree (every micro-batch, SP and recompute variant), so those stay together
-        groups.setdefault((c.precision.value, p.tp), []).append(i)
-    shares: list[list[int]]
-    if total < PARALLEL_MIN_CANDIDATES:
-        shares = [list(range(total))]
-    else:  # largest groups first, each to the share with the fewest candidates so far
-        shares = [[] for _ in range(max(1, min(jobs, len(groups))))]
-        for idx in sorted(groups.values(), key=len, reverse=True):
-            min(shares, key=len).extend(idx)
+        groups.setdefault((c.precision.value, c.parallel.tp), []).append(i)
+    queue = sorted(groups.values(), key=len, reverse=True)
+    lock = threading.Lock()
+
+    def take() -> list[int] | None:
+        with lock:
+            return queue.pop(0) if queue else None
+
     done = 0
+    finished: list[list[tuple[int, Outcome, float]]] = []  # a worker's groups, handed over under the lock
     pool = None
-    futures = []
-    if len(shares) > 1:
+    feeders: list[threading.Thread] = []
+    n_workers = min(jobs, len(groups)) - 1
+    if total >= PARALLEL_MIN_CANDIDATES and n_workers > 0:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         try:
-            pool = ProcessPoolExecutor(max_workers=len(shares) - 1, mp_context=multiprocessing.get_context("spawn"))
-            futures = [pool.submit(_evaluate_chunk, engine.init_args,
-                                   [(i, work[i][0], work[i][1]) for i in sorted(share)], tokens,
-                                   price_per_gpu_hour, gpus) for share in shares[1:]]
+            pool = ProcessPoolExecutor(max_workers=n_workers,
+                                       mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_worker_start, initargs=(engine.init_args,))
         except (OSError, RuntimeError):  # no worker processes here (a sandbox): everything in this one
-            pool, futures = None, []
-            shares = [list(range(total))]
-    graphs: dict[str, Graph | PredictError] = {}
-    try:
-        for i in sorted(shares[0]):
-            out[i] = _outcome(engine, work[i][0], work[i][1], tokens, price_per_gpu_hour, gpus, graphs)
-            done += 1
-            if progress:
-                progress(done, total)
-        for f, share in zip(futures, shares[1:], strict=True):
+            pool = None
+
+    def feed(p: Any) -> None:
+        """Deal groups to one worker process until none is left; a group whose worker failed comes back."""
+        while (idx := take()) is not None:
             try:
-                got = f.result()
-            except Exception:  # a worker died: its share here (its own errors are outcomes, not exceptions)
-                got = [(i, *_outcome(engine, work[i][0], work[i][1], tokens, price_per_gpu_hour, gpus, graphs))
-                       for i in sorted(share)]
+                got = p.submit(_evaluate_group, [(i, work[i][0], work[i][1]) for i in idx], tokens,
+                               price_per_gpu_hour, gpus).result()
+            except Exception:  # the worker died or could not start (its own errors are outcomes)
+                with lock:
+                    queue.append(idx)
+                return
+            with lock:
+                finished.append(got)
+
+    if pool is not None:
+        feeders = [threading.Thread(target=feed, args=(pool,), daemon=True) for _ in range(n_workers)]
+        for t in feeders:
+            t.start()
+
+    def drain() -> None:
+        nonlocal done
+        with lock:
+            ready, finished[:] = list(finished), []
+        for got in ready:
             for i, o, dt in got:
                 out[i] = (o, dt)
             done += len(got)
             if progress:
                 progress(done, total)
+
+    graphs: dict[str, Graph | PredictError] = {}
+    try:
+        while True:
+            idx = take()
+            if idx is None:
+                if not any(t.is_alive() for t in feeders):
+                    drain()
+                    if not queue:  # (a failed worker's groups come back to the queue)
+                        break
+                    continue
+                for t in feeders:
+                    t.join(timeout=0.05)
+                drain()
+                continue
+            for i in idx:
+                out[i] = _outcome(engine, work[i][0], work[i][1], tokens, price_per_gpu_hour, gpus, graphs)
+                done += 1
+                if progress:
+                    progress(done, total)
+            drain()
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)

@@ -297,3 +297,22 @@ def test_system_files_set_the_cluster(cpu_db: Path, tiny_llama_file: Path, tmp_p
     bad.write_text('gpu = "cpu"\ngpus_per_node = 1\nnvlink_gbytes_per_s = -5\n')
     r = run_cli(*base, "--system", str(bad))
     assert r.returncode == 2 and "nvlink_gbytes_per_s" in r.stderr
+
+
+def test_a_search_whose_worker_cannot_start_evaluates_everything_itself(cpu_db: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker process that fails to start (here: its engine refuses its arguments) hands its groups back: the
+    search's outcomes are one process's, and progress still reaches the candidate count."""
+    from tp_query.engine import search as search_mod
+
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(search_mod, "PARALLEL_MIN_CANDIDATES", 0)
+    space = SearchSpace(4, 8, 64, precisions=(Setting.AMP_BF16, Setting.BF16), micro_batches=(1, 2),
+                        zero_stages=(0, 1), recompute=(False,))
+    one = search(Engine("cpu", str(cpu_db)), TINY_LLAMA, space, jobs=1)
+    eng = Engine("cpu", str(cpu_db))
+    eng.init_args = ("no-such-gpu", *eng.init_args[1:])  # what the worker builds its engine from
+    seen: list[tuple[int, int]] = []
+    two = search(eng, TINY_LLAMA, space, jobs=2, progress=lambda i, n: seen.append((i, n)))
+    assert [o.row() for o in two.ranked] == [o.row() for o in one.ranked]
+    assert seen[-1] == (one.evaluated, one.evaluated)
