@@ -223,10 +223,12 @@ def _render(chunks: list[str], vals: list[int | float]) -> str:
     return _op_format(chunks) % tuple(_number_texts(vals))
 
 
-def _number_texts(vals: list[int | float]) -> list[str]:
-    """Numbers as json.dumps writes them: str of an int and of a finite float, NaN and Infinity otherwise."""
+def _number_texts(vals: list[int | float], floats: list[int] | None = None) -> list[str]:
+    """Numbers as json.dumps writes them: str of an int and of a finite float, NaN and Infinity otherwise.
+    floats: where the floats can be (a template's float slots), when known."""
     texts = list(map(str, vals))
-    for j, v in enumerate(vals):
+    for j in range(len(vals)) if floats is None else floats:
+        v = vals[j]
         if type(v) is float and not math.isfinite(v):
             texts[j] = json.dumps(v)
     return texts
@@ -266,7 +268,8 @@ class GraphTemplate:
         vals = self._plan.evaluate(self.forms, dims)
         if vals is None:
             return None
-        return graph_from_numbers(self.skeleton, vals, model, self.key, self.traces, self._formats)
+        return graph_from_numbers(self.skeleton, vals, model, self.key, self.traces, self._formats,
+                                  self._plan.float_at)
 
     @functools.cached_property
     def _plan(self) -> _Plan:
@@ -382,12 +385,17 @@ class _Plan:
         self.d = np.array(ds, dtype=np.int64)
         self.bound = np.abs(self.c).astype(np.float64), np.abs(self.d).astype(np.float64)
         fast = set(at)
-        self.rest = [i for i in range(len(forms)) if i not in fast]
+        # float constants once; every other slot that is not a fast integer one, as eval_form evaluates it
+        self.consts = [(i, float(f[1])) for i, f in enumerate(forms) if f[0] == "f"]
+        self.rest = [i for i in range(len(forms)) if i not in fast and forms[i][0] != "f"]
+        self.float_at = [i for i, f in enumerate(forms) if f[0] in ("f", "p")]  # the slots that hold floats
 
     def evaluate(self, forms: tuple[Form, ...], dims: dict[str, int]) -> list[int | float] | None:
         cache: dict[tuple[int, ...], int | Fraction] = {}
         monos = [_mono(dims, e, cache) for e in self.exps]
         vals: list[Any] = [0] * len(forms)
+        for i, v in self.consts:
+            vals[i] = v
         rest = list(self.rest)
         if monos:
             whole = np.array([type(m) is int and m < 2**52 for m in monos])
@@ -577,13 +585,13 @@ def replay_memory(events: list[list[Any]], parts: list[int], transients: list[in
 
 
 def graph_from_numbers(skel: dict[str, Any], vals: list[int | float], model: dict[str, Any], key: str,
-                       traces: int, formats: tuple[str, ...] | None = None) -> Graph:
+                       traces: int, formats: tuple[str, ...] | None = None, floats: list[int] | None = None) -> Graph:
     sections, phases = {s.value: s for s in Section}, {p.value: p for p in Phase}
     i = 0
     ops = []
     parts: list[int] = []
     fmts = formats if formats is not None else op_formats(skel)
-    texts = _number_texts(vals)
+    texts = _number_texts(vals, floats)
     for (op, chunks, ph, sec, layer, n_parts), fmt in zip(skel["ops"], fmts, strict=True):
         n = len(chunks) - 1
         sig = fmt % tuple(texts[i:i + n])
