@@ -95,44 +95,46 @@ def default_jobs() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def _cached_key(req: PredictRequest) -> str | None:
-    """The cache key of a config request's graph, None when it is cached already (or is a graph file, or a
-    config that will be refused: the caller's own trace says why)."""
+def _spec_and_key(req: PredictRequest) -> tuple[ModelSpec, str] | None:
+    """A config request's spec and graph cache key; None for a graph file or a config that will be refused
+    (the caller's own trace says why)."""
     if is_graph_json(req.model):
         return None
     try:
         spec = parse_config(req.model, req.model_name)
-        key = _graph_cache_key(spec, req)
+        return spec, _graph_cache_key(spec, req)
     except ConfigError:
         return None
-    if _cache_path(key).exists() or _has_template_file(spec, req):
+
+
+def _cached_key(req: PredictRequest) -> str | None:
+    """The cache key of a config request's graph, None when it is cached already, a template builds it (the
+    shipped templates' index says which boxes hold what: a planner need not load every template to know what to
+    trace), or it is not a config to trace."""
+    from . import template
+
+    found = _spec_and_key(req)
+    if found is None:
+        return None
+    spec, key = found
+    typed = _structural_type(spec, req)
+    if _cache_path(key).exists() or (typed is not None and template.may_cover(*typed)):
         return None
     return key
 
 
-def _has_template_file(spec: ModelSpec, req: PredictRequest) -> bool:
-    """Whether a template will build this request's graph (its box holds the request), read from the shipped
-    templates' index where it lists the type: a planner need not load every template to know what to trace."""
-    from . import template
-
-    par = req.parallel
-    if not template.templatable(spec, par.framework, par.ep, req.moe_imbalance):
-        return False
-    dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
-    return dims is not None and template.may_cover(
-        template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION), dims)
-
-
-def _structure_key(spec: ModelSpec, req: PredictRequest) -> str | None:
-    """The structural type of a request whose family templates reproduce (None: the graph is traced)."""
+def _structural_type(spec: ModelSpec, req: PredictRequest) -> tuple[str, dict[str, int]] | None:
+    """The structural type of a request whose family templates reproduce, and its per-rank dimensions (None: the
+    graph is traced)."""
     from . import template
 
     par = req.parallel
     if not template.templatable(spec, par.framework, par.ep, req.moe_imbalance):
         return None
     dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
-    return None if dims is None else template.structure_key(spec, trace_fields(req), template.ones_of(dims),
-                                                            TRACE_VERSION)
+    if dims is None:
+        return None
+    return template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION), dims
 
 
 def _trace_one(req: PredictRequest) -> bool:
@@ -181,31 +183,24 @@ def _template_of(spec: ModelSpec, req: PredictRequest) -> tuple[GraphTemplate, d
     dimensions; None when there is none (the graph is traced)."""
     from . import template
 
-    par = req.parallel
-    if not template.templatable(spec, par.framework, par.ep, req.moe_imbalance):
+    typed = _structural_type(spec, req)
+    if typed is None:
         return None
-    dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
-    if dims is None:
-        return None
-    t = template.find(template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION))
-    return None if t is None or not t.covers(dims) else (t, dims)
+    t = template.find(typed[0])
+    return None if t is None or not t.covers(typed[1]) else (t, typed[1])
 
 
 def graph_identity(req: PredictRequest) -> str | None:
     """What a config request's graph is built from, without building it: its trace cache key (spec, trace fields,
     trace version, torch and project versions) and the bytes of its structural type's template files; None for a
     graph file or a config that does not parse (the costed-graph cache keeps none of those)."""
-    if is_graph_json(req.model):
-        return None
-    try:
-        spec = parse_config(req.model, req.model_name)
-        key = _graph_cache_key(spec, req)
-    except ConfigError:
-        return None
     from . import template
 
-    sk = _structure_key(spec, req)
-    return key if sk is None else f"{key}|template:{template.file_digest(sk)}"
+    found = _spec_and_key(req)
+    if found is None:
+        return None
+    typed = _structural_type(found[0], req)
+    return found[1] if typed is None else f"{found[1]}|template:{template.file_digest(typed[0])}"
 
 
 def _from_template(spec: ModelSpec, req: PredictRequest) -> Graph | None:

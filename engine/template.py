@@ -394,8 +394,8 @@ class _Plan:
         cache: dict[tuple[int, ...], int | Fraction] = {}
         monos = [_mono(dims, e, cache) for e in self.exps]
         vals: list[Any] = [0] * len(forms)
-        for i, v in self.consts:
-            vals[i] = v
+        for i, const in self.consts:
+            vals[i] = const
         rest = list(self.rest)
         if monos:
             whole = np.array([type(m) is int and m < 2**52 for m in monos])
