@@ -20,7 +20,7 @@ import os
 import struct
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -216,12 +216,3 @@ def _decode(raw: bytes) -> tuple[Graph, Sections]:
         raise ValueError("costed graph with bytes left over")
     return g, out
 
-
-def costable(sections: Sections) -> bool:
-    """Sections that may be kept: every one has its FLOPs (uniform layers: no stage-dependent mix)."""
-    return all(s.flops is not None for s in sections.values())
-
-
-def describe_sections(sections: Sections) -> dict[str, Any]:
-    """(For tests and tools) each section's operator count and FLOPs."""
-    return {f"{ph.value}/{sec.value}": [len(s.cold), s.flops] for (ph, sec), s in sections.items()}
