@@ -137,6 +137,8 @@ class SegmentCache:
             return None
         out = {}
         for ph, sec in self.comp.sections:
+            if ph == Phase.OPT:  # the traced optimizer step: a stage's is rebuilt from its calls (kept in the graph)
+                continue
             seg = self.section(ph, sec)
             if seg.flops is None:
                 seg.flops = float(sum(it.info.flops * w for it, w in zip(seg.items, seg.weights(), strict=True)))
