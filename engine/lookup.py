@@ -287,8 +287,20 @@ class LatencyModel:
         return {q.key: self._cache[q.key] for q in queries}
 
     def flush_memo(self) -> None:
+        """Write the memo, merged with what other processes wrote meanwhile (a planner's worker processes each
+        flush theirs; an entry is the same in every process: a pure function of this database and this code)."""
         store = getattr(self.db, "memo_store", None)
         if self._unsaved and store is not None:
+            load = getattr(self.db, "memo_load", None)
+            on_disk = load(self._memo_name) if load is not None else {}
+            if on_disk:
+                room = max(self.MEMO_MAX - len(self._memo), 0)
+                for k, v in on_disk.items():
+                    if room <= 0:
+                        break
+                    if k not in self._memo:
+                        self._memo[k] = v
+                        room -= 1
             store(self._memo_name, self._memo)
             self._unsaved = 0
 

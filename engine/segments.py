@@ -135,7 +135,7 @@ class SegmentCache:
         sections depend on its mix of layer kinds."""
         if self.pre is not None or self.comp.layer_kinds_mixed:
             return None
-        out = {}
+        out: dict[tuple[Phase, Section], Segment] = {}
         for ph, sec in self.comp.sections:
             if ph == Phase.OPT:  # the traced optimizer step: a stage's is rebuilt from its calls (kept in the graph)
                 continue

@@ -224,6 +224,7 @@ def test_lookup_memo_reused_and_damage_recomputed(cpu_db: Path, tmp_path: Path,
     first = e1.predict(_req(dp=2))
     e1.latency.flush_memo()
     (memo,) = (tmp_path / "cache" / "db").glob("*/memo-estimates-*.json")
+    shutil.rmtree(tmp_path / "cache" / "costed")  # the graph's kept arrays would answer without any lookup
     e2 = Engine("cpu", str(root))
     assert e2.predict(_req(dp=2)).iteration_ms == first.iteration_ms
     assert not e2.latency._families  # every estimate came from the memo
@@ -231,9 +232,21 @@ def test_lookup_memo_reused_and_damage_recomputed(cpu_db: Path, tmp_path: Path,
     key = next(k for k, v in entries.items() if v[2] in ("exact", "interpolated"))
     entries[key] = ["not a number"]
     memo.write_text(js.dumps(entries))
+    shutil.rmtree(tmp_path / "cache" / "costed")
     e3 = Engine("cpu", str(root))
     assert key not in e3.latency._cache  # dropped on load
     assert e3.predict(_req(dp=2)).iteration_ms == first.iteration_ms
+    # two processes' memos merge: each flush keeps what the other wrote meanwhile
+    shutil.rmtree(tmp_path / "cache" / "costed")
+    memo.unlink()
+    a, b = Engine("cpu", str(root)), Engine("cpu", str(root))
+    a.predict(_req(dp=2))
+    b.predict(_req(Setting.BF16, dp=2))
+    a.latency.flush_memo()
+    b.latency.flush_memo()
+    merged = js.loads(memo.read_text())
+    assert set(a.latency._memo) <= set(merged) and set(b.latency._memo) <= set(merged)
+    assert len(merged) > len(a.latency._memo)
 
 
 def test_pipelining_merges_retained_outputs_at_the_end_of_the_step(eng: Engine) -> None:
