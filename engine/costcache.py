@@ -101,8 +101,7 @@ class CostedGraphs:
 
     def store(self, path: Path, g: Graph, sections: Sections) -> None:
         """Atomically (a temporary of this process, then a rename); an unwritable cache only costs the next process
-        the work again. The first store of a process prunes the cache of other contexts (older databases and
-        code) beyond CAP_BYTES, least recently written first."""
+        the work again. The first store of a process keeps the cache within CAP_BYTES (`prune`)."""
         try:
             body = _encode(g, sections)
             if not self._pruned:
@@ -110,36 +109,43 @@ class CostedGraphs:
                 prune(path.parent.parent, keep=path.parent.name)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(body)
-            os.replace(tmp, path)
+            try:
+                tmp.write_bytes(body)
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)  # (a full disk leaves no partial file behind)
         except OSError:
             pass
 
 
-CAP_BYTES = 1 << 30  # costed graphs of other contexts kept beyond the current one's (a search space is ~20 MB)
+CAP_BYTES = 1 << 30  # the costed-graph cache's size (an 8B search over every precision keeps about 20 MB)
 
 
 def prune(root: Path, keep: str, cap_bytes: int = CAP_BYTES) -> list[str]:
-    """Remove whole context folders under `root` other than `keep`, least recently written first, until what
-    stays is within cap_bytes; the names removed."""
-    sizes: list[tuple[float, str, int]] = []
+    """Keep the costed graphs under `root` within cap_bytes: whole context folders other than `keep` first, least
+    recently written first, then the oldest files of `keep` itself; the names removed (a context's name, or
+    keep/file)."""
     try:
-        entries = list(os.scandir(root))
+        entries = [d for d in os.scandir(root) if d.is_dir()]
     except OSError:
         return []
+    contexts: list[tuple[float, str, int]] = []
+    own: list[tuple[float, str, int]] = []
     total = 0
     for d in entries:
-        if not d.is_dir() or d.name == keep:
-            continue
         n, newest = 0, 0.0
         for f in os.scandir(d.path):
-            st = f.stat()
-            n += st.st_size
-            newest = max(newest, st.st_mtime)
-        sizes.append((newest, d.name, n))
+            with contextlib.suppress(OSError):
+                st = f.stat()
+                n += st.st_size
+                newest = max(newest, st.st_mtime)
+                if d.name == keep:
+                    own.append((st.st_mtime, f.name, st.st_size))
+        if d.name != keep:
+            contexts.append((newest, d.name, n))
         total += n
     removed = []
-    for _, name, n in sorted(sizes):
+    for _, name, n in sorted(contexts):
         if total <= cap_bytes:
             break
         for f in os.scandir(root / name):
@@ -149,6 +155,13 @@ def prune(root: Path, keep: str, cap_bytes: int = CAP_BYTES) -> list[str]:
             os.rmdir(root / name)
         total -= n
         removed.append(name)
+    for _, name, n in sorted(own):
+        if total <= cap_bytes:
+            break
+        with contextlib.suppress(OSError):
+            os.unlink(root / keep / name)
+        total -= n
+        removed.append(f"{keep}/{name}")
     return removed
 
 

@@ -65,16 +65,19 @@ def test_a_damaged_costed_graph_is_priced_again(cpu_db: Path, tmp_path: Path,
         assert f.read_bytes() == good  # and kept again
 
 
-def test_pruning_removes_the_oldest_other_contexts_beyond_the_cap(tmp_path: Path) -> None:
+def test_pruning_removes_the_oldest_other_contexts_then_the_oldest_own_files(tmp_path: Path) -> None:
     for i, name in enumerate(("old", "mid", "new", "current")):
         d = tmp_path / name
         d.mkdir()
         (d / "a.bin").write_bytes(b"x" * 1000)
         os.utime(d / "a.bin", (1_000_000 + i, 1_000_000 + i))
-    assert costcache.prune(tmp_path, keep="current", cap_bytes=1500) == ["old", "mid"]
+    (tmp_path / "current" / "b.bin").write_bytes(b"x" * 1000)
+    os.utime(tmp_path / "current" / "b.bin", (1_000_010, 1_000_010))
+    assert costcache.prune(tmp_path, keep="current", cap_bytes=3500) == ["old", "mid"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "new"]
-    assert costcache.prune(tmp_path, keep="current", cap_bytes=0) == ["new"]
+    assert costcache.prune(tmp_path, keep="current", cap_bytes=1000) == ["new", "current/a.bin"]
     assert [p.name for p in tmp_path.iterdir()] == ["current"]
+    assert [p.name for p in (tmp_path / "current").iterdir()] == ["b.bin"]  # the newest stays
 
 
 def test_a_search_is_the_same_from_an_empty_and_a_warm_costed_cache(cpu_db: Path, tmp_path: Path,
