@@ -103,7 +103,7 @@ class Engine:
         full: with every operator (per-operator rows need them)."""
         if is_graph_json(req.model):
             return graph_for(req)
-        key = json.dumps({"model": req.model, **trace_fields(req)}, sort_keys=True, default=str)
+        key = _graph_key(req)
         g = self._graphs.get(key)
         if g is not None and not (full and id(g) in self._precosted):
             return g
@@ -128,7 +128,7 @@ class Engine:
         """Whether the costed-graph cache holds this request's graph (a planner need not build it)."""
         if is_graph_json(req.model):
             return False
-        key = json.dumps({"model": req.model, **trace_fields(req)}, sort_keys=True, default=str)
+        key = _graph_key(req)
         path = self._costed_path(req, key)
         return path is not None and path.exists()
 
@@ -230,3 +230,8 @@ class Engine:
         if id(g) in self._to_store:
             self._keep_costed(g, comp, par.tp, par.ep)
         return out
+
+
+def _graph_key(req: PredictRequest) -> str:
+    """What a config request's graph depends on: the model and the trace fields."""
+    return json.dumps({"model": req.model, **trace_fields(req)}, sort_keys=True, default=str)

@@ -357,18 +357,13 @@ class Timeline:
                 rate_c, rate_k = 1.0 / k.slow[0], 1.0 / k.slow[1]
                 dt = min(rem[0] / rate_c, rem[1] / rate_k)
                 now += dt
-                r = rem[0] - dt * rate_c
-                if r <= 1e-9:
-                    c.end = ends[0] = now
-                    running[0] = None
-                else:
-                    rem[0] = r
-                r = rem[1] - dt * rate_k
-                if r <= 1e-9:
-                    k.end = ends[1] = now
-                    running[1] = None
-                else:
-                    rem[1] = r
+                for st, t, rate in ((0, c, rate_c), (1, k, rate_k)):
+                    r = rem[st] - dt * rate
+                    if r <= 1e-9:
+                        t.end = ends[st] = now
+                        running[st] = None
+                    else:
+                        rem[st] = r
             elif c is not None or k is not None:
                 st = 0 if c is not None else 1
                 now += rem[st] / 1.0

@@ -39,6 +39,11 @@ def trace_fields(req: PredictRequest) -> dict[str, Any]:
             **({"imb": req.moe_imbalance} if req.moe_imbalance != 1.0 else {})}
 
 
+def graph_fields_key(req: PredictRequest) -> str:
+    """The trace fields as text: which graph of one model a request needs (a planner groups its requests by it)."""
+    return json.dumps(trace_fields(req), sort_keys=True)
+
+
 @functools.cache
 def _dist_info_versions() -> dict[str, str]:
     """Normalised distribution name -> version, from the dist-info folders on sys.path (the first one wins, as
@@ -153,7 +158,7 @@ def trace_missing(reqs: list[PredictRequest], jobs: int, progress: Callable[[int
     todo: dict[str, PredictRequest] = {}
     distinct: dict[tuple[int, str], PredictRequest] = {}  # one request per graph: a search asks for each many times
     for r in reqs:
-        distinct.setdefault((id(r.model), json.dumps(trace_fields(r), sort_keys=True)), r)
+        distinct.setdefault((id(r.model), graph_fields_key(r)), r)
     for r in distinct.values():
         key = _cached_key(r)
         if key is not None:

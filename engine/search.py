@@ -8,7 +8,6 @@ combination once and evaluates every DP/PP/ZeRO variant from the shared graph an
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import time
 from collections import Counter
@@ -177,13 +176,13 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
                            parallel=c.parallel, seq_len=space.seq_len, optimizer=space.optimizer) for c in valid]
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 0 <= jobs <= 256):
         raise SearchError(f"--jobs must be an integer in 0..256 (0: the machine's cores), got {jobs!r}")
-    from .graphcache import default_jobs, trace_fields, trace_missing
+    from .graphcache import default_jobs, graph_fields_key, trace_missing
 
     workers = jobs or default_jobs()
     # one request per graph, and none whose costed form is kept already (nothing to build for those)
     per_graph: dict[str, PredictRequest] = {}
     for rq in reqs:
-        per_graph.setdefault(json.dumps(trace_fields(rq), sort_keys=True), rq)
+        per_graph.setdefault(graph_fields_key(rq), rq)
     trace_missing([rq for rq in per_graph.values() if not engine.has_costed(rq)], workers, progress)
     evaluated = _evaluate(engine, list(zip(valid, reqs, strict=True)), tokens, price_per_gpu_hour, space.gpus,
                           workers, progress)
@@ -201,9 +200,9 @@ def _outcome(engine: Engine, c: Candidate, req: PredictRequest, tokens: float | 
     """One candidate's outcome and the seconds its prediction took (its graph's trace or instantiation apart).
     graphs: this search's graphs by trace fields (every candidate has the same model: the engine's own key
     would encode the model's config again for each)."""
-    from .graphcache import trace_fields
+    from .graphcache import graph_fields_key
 
-    k = json.dumps(trace_fields(req), sort_keys=True)
+    k = graph_fields_key(req)
     g = graphs.get(k) if graphs is not None else None
     if g is None:
         try:

@@ -103,6 +103,11 @@ def ones_of(dims: dict[str, int]) -> tuple[str, ...]:
     return tuple(k for k in DIMS if dims[k] == 1)
 
 
+def _holds(ones: tuple[str, ...], box: dict[str, Any], dims: dict[str, int]) -> bool:
+    """Whether a template of these size-1 dimensions and this box answers for `dims`."""
+    return ones_of(dims) == ones and all(lo <= dims[k] <= hi for k, (lo, hi) in box.items())
+
+
 # What a traced step of a templatable family does not read, so a user's own config.json finds the shipped types
 # (checked against real traces of configs that differ in all of them: tests/test_template.py). Rotary tables are
 # built from rope_theta when the module is made, not in the step, and the native builder has one rotary form
@@ -257,9 +262,7 @@ class GraphTemplate:
     torch_version: str
 
     def covers(self, dims: dict[str, int]) -> bool:
-        if ones_of(dims) != self.ones:
-            return False
-        return all(lo <= dims[k] <= hi for k, (lo, hi) in self.box.items())
+        return _holds(self.ones, self.box, dims)
 
     def instantiate(self, dims: dict[str, int], model: dict[str, Any]) -> Graph | None:
         """The graph at `dims` (meta.model set to `model`), or None outside the template's domain."""
@@ -679,9 +682,7 @@ def may_cover(key: str, dims: dict[str, int]) -> bool:
     a trace; building a graph loads the template and checks again, so a stale index costs time, never answers."""
     entry = _shipped_index().get(key)
     if entry is not None and (shipped_dir() / f"{key}.json.gz").exists():
-        if tuple(entry["ones"]) != ones_of(dims):
-            return False
-        return all(lo <= dims[k] <= hi for k, (lo, hi) in entry["box"].items())
+        return _holds(tuple(entry["ones"]), entry["box"], dims)
     t = find(key)
     return t is not None and t.covers(dims)
 
