@@ -251,15 +251,26 @@ def op_formats(skel: dict[str, Any]) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class GraphTemplate:
     """One structural type's graph with number slots: the ops' text around its numbers, the params, memory and
-    meta fields, and one form per slot, in the order `numbers_of` lists them."""
+    meta fields, and one form per slot, in the order `numbers_of` lists them, kept in columns as the file stores
+    them (instantiation plans its slots from the columns: thousands of per-slot tuples are built only when asked)."""
 
     key: str
     ones: tuple[str, ...]
     box: dict[str, tuple[int, int]]  # the dimensions the build's traces spanned
     skeleton: dict[str, Any]  # the base graph's JSON with every number replaced by a slot order
-    forms: tuple[Form, ...]
+    columns: dict[str, Any]  # the forms in columns (`_forms_columns`)
     traces: int  # how many traces the forms were fitted and checked on
     torch_version: str
+
+    @staticmethod
+    def of_forms(*, key: str, ones: tuple[str, ...], box: dict[str, tuple[int, int]], skeleton: dict[str, Any],
+                 forms: tuple[Form, ...], traces: int, torch_version: str) -> GraphTemplate:
+        return GraphTemplate(key=key, ones=ones, box=box, skeleton=skeleton, columns=_forms_columns(forms),
+                             traces=traces, torch_version=torch_version)
+
+    @functools.cached_property
+    def forms(self) -> tuple[Form, ...]:
+        return _forms_from_columns(self.columns)
 
     def covers(self, dims: dict[str, int]) -> bool:
         return _holds(self.ones, self.box, dims)
@@ -268,36 +279,42 @@ class GraphTemplate:
         """The graph at `dims` (meta.model set to `model`), or None outside the template's domain."""
         if not self.covers(dims):
             return None
-        vals = self._plan.evaluate(self.forms, dims)
+        vals = self._plan.evaluate(dims)
         if vals is None:
             return None
         return graph_from_numbers(self.skeleton, vals, model, self.key, self.traces, self._formats,
-                                  self._plan.float_at)
+                                  self._plan.float_at, self._layout)
 
     @functools.cached_property
     def _plan(self) -> _Plan:
-        return _Plan(self.forms)
+        return _Plan(self.columns)
 
     @functools.cached_property
     def _formats(self) -> tuple[str, ...]:
         return op_formats(self.skeleton)
 
+    @functools.cached_property
+    def _layout(self) -> _Layout:
+        return _Layout(self.skeleton, self._formats)
+
     def to_json(self) -> dict[str, Any]:
         return {"format": TEMPLATE_FORMAT, "key": self.key, "ones": list(self.ones),
                 "box": {k: list(v) for k, v in self.box.items()}, "skeleton": self.skeleton,
-                "forms": _forms_columns(self.forms), "traces": self.traces,
-                "torch_version": self.torch_version}
+                "forms": self.columns, "traces": self.traces, "torch_version": self.torch_version}
 
     @staticmethod
     def from_json(obj: dict[str, Any]) -> GraphTemplate:
         if obj.get("format") != TEMPLATE_FORMAT:
             raise ValueError(f"not a {TEMPLATE_FORMAT} file")
         exps: dict[tuple[int, ...], tuple[int, ...]] = {}
+        if isinstance(obj["forms"], list):  # the first layout: one list per slot
+            cols = _forms_columns(tuple(_form_load(f, exps) for f in obj["forms"]))
+        else:
+            cols = obj["forms"]
+            _check_columns(cols)
         return GraphTemplate(key=obj["key"], ones=tuple(obj["ones"]),
                              box={k: (int(a), int(b)) for k, (a, b) in obj["box"].items()},
-                             skeleton=obj["skeleton"],
-                             forms=tuple(_form_load(f, exps) for f in obj["forms"]) if isinstance(obj["forms"], list)
-                             else _forms_from_columns(obj["forms"]),
+                             skeleton=obj["skeleton"], columns=cols,
                              traces=int(obj["traces"]), torch_version=obj["torch_version"])
 
     def save(self, path: Path) -> None:
@@ -316,105 +333,135 @@ class GraphTemplate:
         compiled = compiled_dir() / f"{path.name.split('.')[0]}-{hashlib.blake2b(raw, digest_size=12).hexdigest()}-{py}.m"
         try:
             body = marshal.loads(compiled.read_bytes())
-            if isinstance(body, tuple) and len(body) == 9 and body[0] == _COMPILED_FORMAT:
-                return GraphTemplate._from_compiled(body)
+            if isinstance(body, tuple) and len(body) == 8 and body[0] == _COMPILED_FORMAT:
+                _, key, ones, box, skeleton, cols, traces, torch_version = body
+                _check_columns(cols)
+                return GraphTemplate(key=key, ones=tuple(ones), box={k: (a, b) for k, a, b in box},
+                                     skeleton=skeleton, columns=cols, traces=traces, torch_version=torch_version)
         except (OSError, ValueError, EOFError, TypeError, IndexError, KeyError):
             pass
         t = GraphTemplate.from_json(json.loads(gzip.decompress(raw)))
         try:
             compiled.parent.mkdir(parents=True, exist_ok=True)
             tmp = compiled.with_name(f".{compiled.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(marshal.dumps(t._compiled()))
+            tmp.write_bytes(marshal.dumps((_COMPILED_FORMAT, t.key, t.ones, tuple((k, a, b) for k, (a, b) in
+                                                                                  t.box.items()),
+                                           t.skeleton, t.columns, t.traces, t.torch_version)))
             os.replace(tmp, compiled)
         except (OSError, ValueError):
             pass
         return t
 
-    def _compiled(self) -> tuple[Any, ...]:
-        """The template as marshal-able builtins: Fractions as (numerator, denominator) with their places listed."""
-        forms: list[Any] = []
-        fractions: list[tuple[int, int]] = []
-        for i, f in enumerate(self.forms):
-            if f[0] == "m" and (type(f[1]) is Fraction or type(f[2]) is Fraction):
-                fractions.append((i, 0))
-                f = (f[0], _frac_out(f[1]), _frac_out(f[2]), f[3])
-            elif f[0] == "l" and any(type(c) is Fraction for c, _ in f[1]):
-                fractions.append((i, 1))
-                f = (f[0], tuple((_frac_out(c), e) for c, e in f[1]))
-            forms.append(f)
-        return (_COMPILED_FORMAT, self.key, self.ones, tuple((k, a, b) for k, (a, b) in self.box.items()),
-                self.skeleton, tuple(forms), tuple(fractions), self.traces, self.torch_version)
 
-    @staticmethod
-    def _from_compiled(body: tuple[Any, ...]) -> GraphTemplate:
-        _, key, ones, box, skeleton, forms, fractions, traces, torch_version = body
-        forms = list(forms)
-        for i, kind in fractions:
-            f = forms[i]
-            forms[i] = (f[0], _frac_in(f[1]), _frac_in(f[2]), f[3]) if kind == 0 else \
-                (f[0], tuple((_frac_in(c), e) for c, e in f[1]))
-        return GraphTemplate(key=key, ones=tuple(ones), box={k: (a, b) for k, a, b in box}, skeleton=skeleton,
-                             forms=tuple(forms), traces=traces, torch_version=torch_version)
-
-
-_COMPILED_FORMAT = "tp-query-template-compiled/1"
-
-
-def _frac_out(x: int | Fraction) -> int | tuple[int, int]:
-    return (x.numerator, x.denominator) if isinstance(x, Fraction) else x
-
-
-def _frac_in(x: int | tuple[int, int] | list[int]) -> int | Fraction:
-    return exact_int(Fraction(x[0], x[1])) if isinstance(x, tuple | list) else x
+_COMPILED_FORMAT = "tp-query-template-compiled/2"  # the forms kept in columns
 
 
 class _Plan:
     """A template's integer slots c * prod(x^e) + d evaluated at once (int64 where the value cannot overflow); the
-    others (sums of monomials, floats, non-integer or huge monomials) one by one, as `eval_form`."""
+    others (sums of monomials, floats, non-integer or huge monomials) one by one, as `eval_form`. Planned from the
+    columns: a slot's tuple is built only for the slots evaluated one by one."""
 
-    def __init__(self, forms: tuple[Form, ...]) -> None:
-        exps: dict[tuple[int, ...], int] = {}
-        idx, cs, ds, at = [], [], [], []
-        for i, f in enumerate(forms):
-            if f[0] == "m" and type(f[1]) is int and type(f[2]) is int and abs(f[1]) < 2**52 and abs(f[2]) < 2**52:
-                at.append(i)
-                idx.append(exps.setdefault(f[3], len(exps)))
-                cs.append(f[1])
-                ds.append(f[2])
-        self.exps = list(exps)
-        self.at = np.array(at, dtype=np.int64)
-        self.idx = np.array(idx, dtype=np.int64)
-        self.c = np.array(cs, dtype=np.int64)
-        self.d = np.array(ds, dtype=np.int64)
+    def __init__(self, cols: dict[str, Any]) -> None:
+        kind = np.frombuffer(cols["kind"].encode("ascii"), dtype=np.uint8)
+        at_of = {k: np.flatnonzero(kind == ord(k)).tolist() for k in "mflp"}
+        self.exps = [tuple(e) for e in cols["exps"]]
+        self.exp_at = {e: j for j, e in enumerate(self.exps)}
+        lim = 2**52
+        m_at, m_e = np.array(at_of["m"], dtype=np.int64), np.array(cols["m_e"], dtype=np.int64)
+        (cs, c_a, c_odd), (ds, d_a, d_odd) = _int_column(cols["m_c"]), _int_column(cols["m_d"])
+        fast_a = (np.abs(c_a) < lim) & (np.abs(d_a) < lim)
+        fast_a[c_odd] = False
+        fast_a[d_odd] = False
+        slow = np.flatnonzero(~fast_a).tolist()
+        self.at, self.idx = m_at[fast_a], m_e[fast_a]
+        self.c, self.d = c_a[fast_a].astype(np.int64), d_a[fast_a].astype(np.int64)
         self.bound = np.abs(self.c).astype(np.float64), np.abs(self.d).astype(np.float64)
-        fast = set(at)
         # float constants once; every other slot that is not a fast integer one, as eval_form evaluates it
-        self.consts = [(i, float(f[1])) for i, f in enumerate(forms) if f[0] == "f"]
-        self.rest = [i for i in range(len(forms)) if i not in fast and forms[i][0] != "f"]
-        self.float_at = [i for i, f in enumerate(forms) if f[0] in ("f", "p")]  # the slots that hold floats
+        self.consts = [(i, float(v)) for i, v in zip(at_of["f"], cols["f"], strict=True)]
+        rest: list[tuple[int, Form]] = [(at_of["m"][j], ("m", cs[j], ds[j], self.exps[cols["m_e"][j]]))
+                                        for j in slow]
+        rest += [(i, ("p", *v)) for i, v in zip(at_of["p"], cols["p"], strict=True)]
+        rest += [(i, ("l", tuple((_coef_from(c), self.exps[e]) for c, e in v)))
+                 for i, v in zip(at_of["l"], cols["l"], strict=True)]
+        self.rest = sorted(rest, key=lambda x: x[0])
+        self.n = len(kind)
+        self.float_at = sorted(at_of["f"] + at_of["p"])  # the slots that hold floats
 
-    def evaluate(self, forms: tuple[Form, ...], dims: dict[str, int]) -> list[int | float] | None:
+    def evaluate(self, dims: dict[str, int]) -> list[int | float] | None:
         cache: dict[tuple[int, ...], int | Fraction] = {}
         monos = [_mono(dims, e, cache) for e in self.exps]
-        vals: list[Any] = [0] * len(forms)
+        vals: list[Any] = [0] * self.n
         for i, const in self.consts:
             vals[i] = const
-        rest = list(self.rest)
-        if monos:
-            whole = np.array([type(m) is int and m < 2**52 for m in monos])
-            m_i = np.array([m if w else 0 for m, w in zip(monos, whole, strict=True)], dtype=np.int64)
+        rest = self.rest
+        if len(self.at):
+            whole = np.array([type(m) is int and m < 2**52 for m in monos], dtype=bool)
+            m_i = np.array([m if w else 0 for m, w in zip(monos, whole.tolist(), strict=True)], dtype=np.int64)
             # |c| * mono + |d| below 2^62 (in float64, whose rounding is far below that margin): no int64 overflow
             ok = whole[self.idx] & (self.bound[0] * m_i.astype(np.float64)[self.idx] + self.bound[1] < 2.0**62)
             v = self.c[ok] * m_i[self.idx[ok]] + self.d[ok]
             for i, x in zip(self.at[ok].tolist(), v.tolist(), strict=True):
                 vals[i] = x
-            rest += self.at[~ok].tolist()
-        for i in rest:
-            x = eval_form(forms[i], dims, cache)
+            if not ok.all():  # evaluated one by one, exactly
+                bad = ~ok
+                rest = rest + [(i, ("m", c, d, self.exps[e])) for i, c, d, e in
+                               zip(self.at[bad].tolist(), self.c[bad].tolist(), self.d[bad].tolist(),
+                                   self.idx[bad].tolist(), strict=True)]
+        for i, f in rest:
+            if f[0] == "m":  # c * mono + d with ratios: in integers (eval_form's value, without Fraction objects)
+                mono = monos[self.exp_at[f[3]]]
+                if type(mono) is int:
+                    c, d = f[1], f[2]
+                    cn, cd = (c, 1) if type(c) is int else (c.numerator, c.denominator)
+                    dn, dd = (d, 1) if type(d) is int else (d.numerator, d.denominator)
+                    num, den = cn * mono * dd + dn * cd, cd * dd
+                    if num % den:
+                        return None
+                    vals[i] = num // den
+                    continue
+            x = eval_form(f, dims, cache)
             if x is None:
                 return None
             vals[i] = x
         return vals
+
+
+def _int_column(xs: list[Any]) -> tuple[list[int | Fraction], np.ndarray, list[int]]:
+    """A column of stored coefficients: their values (ratios are stored as text), the int64 array of those that
+    fit (0 elsewhere) and where the others are."""
+    odd = [j for j, x in enumerate(xs) if type(x) is not int]
+    vals: list[int | Fraction] = list(xs)
+    z: list[int] = list(xs)
+    for j in odd:
+        vals[j] = _coef(xs[j])
+        z[j] = 0
+    try:
+        arr = np.array(z, dtype=np.int64).reshape(-1)
+    except OverflowError:  # integers beyond int64: those one by one
+        big = [j for j, x in enumerate(z) if not -2**63 < x < 2**63]
+        for j in big:
+            z[j] = 0
+        odd += big
+        arr = np.array(z, dtype=np.int64).reshape(-1)
+    return vals, arr, odd
+
+
+def _check_columns(cols: dict[str, Any]) -> None:
+    """Stored columns that agree with their kinds (a damaged or foreign file is not planned from)."""
+    if not isinstance(cols, dict) or cols.get("layout") != "columns" or not isinstance(cols.get("kind"), str):
+        raise ValueError("unknown template forms layout")
+    kind = cols["kind"]
+    if set(kind) - set("mflp"):
+        raise ValueError("unknown template form kind")
+    if not isinstance(cols.get("exps"), list):
+        raise ValueError("template forms without exponent vectors")
+    n_exps = len(cols["exps"])
+    for k, names in (("m", ("m_c", "m_d", "m_e")), ("f", ("f",)), ("l", ("l",)), ("p", ("p",))):
+        for c in names:
+            if not isinstance(cols.get(c), list) or len(cols[c]) != kind.count(k):
+                raise ValueError("template forms with values missing or left over")
+    if any(type(e) is not int or not 0 <= e < n_exps for e in cols["m_e"]):
+        raise ValueError("template form with an unknown exponent vector")
 
 
 def _coef_json(c: int | Fraction) -> int | str:
@@ -587,44 +634,65 @@ def replay_memory(events: list[list[Any]], parts: list[int], transients: list[in
     return memory_profile_from(marks, wpk, peak, static, grad_bytes, n_layers, templates)
 
 
+class _Layout:
+    """Where each part of a graph sits among a template's numbers (slot ranges per operator, parameter and memory
+    field), laid out once per template: instantiation then reads its numbers by range."""
+
+    def __init__(self, skel: dict[str, Any], formats: tuple[str, ...]) -> None:
+        sections, phases = {s.value: s for s in Section}, {p.value: p for p in Phase}
+        i = 0
+        self.ops: list[tuple[str, str, Phase, Section, int, int, int]] = []
+        part_at: list[int] = []
+        bounds: list[int] = [0]  # per operator, its parts' end among all parts
+        for (op, chunks, ph, sec, layer, n_parts), fmt in zip(skel["ops"], formats, strict=True):
+            n = len(chunks) - 1
+            self.ops.append((op, fmt, phases[ph], sections[sec], layer, i, i + n))
+            part_at.extend(range(i + n, i + n + n_parts))
+            bounds.append(len(part_at))
+            i += n + n_parts
+        self.part_at, self.bounds = part_at, np.array(bounds, dtype=np.int64)
+        self.params: list[tuple[str, int, int, str, Section, int]] = []
+        for name, rank, dtype, sec, layer in skel["params"]:
+            self.params.append((name, i, i + rank, dtype, sections[sec], layer))
+            i += rank
+        spans = []
+        for n in (sum(1 for e in skel["events"] if e[0] == "t"), skel["static_parts"], skel["grad_parts"]):
+            spans.append((i, i + n))
+            i += n
+        self.transients, self.static, self.grads = spans
+        self.meta_at = i
+        self.static_more = int(skel["static_more"])
+        self.mem_templates = {int(k): float(v) for k, v in skel["mem_templates"]}
+
+
+def _rounded(xs: list[int]) -> np.ndarray:
+    """Allocation sizes rounded as the caching allocator rounds them (round_alloc over an array)."""
+    a = np.array(xs, dtype=np.int64).reshape(-1)
+    return np.where(a > 0, np.maximum(ALLOC_ROUND, -(-a // ALLOC_ROUND) * ALLOC_ROUND), 0)
+
+
 def graph_from_numbers(skel: dict[str, Any], vals: list[int | float], model: dict[str, Any], key: str,
-                       traces: int, formats: tuple[str, ...] | None = None, floats: list[int] | None = None) -> Graph:
-    sections, phases = {s.value: s for s in Section}, {p.value: p for p in Phase}
-    i = 0
-    ops = []
-    parts: list[int] = []
-    fmts = formats if formats is not None else op_formats(skel)
+                       traces: int, formats: tuple[str, ...] | None = None, floats: list[int] | None = None,
+                       layout: _Layout | None = None) -> Graph:
+    lay = layout if layout is not None else _Layout(skel, formats if formats is not None else op_formats(skel))
     texts = _number_texts(vals, floats)
-    for (op, chunks, ph, sec, layer, n_parts), fmt in zip(skel["ops"], fmts, strict=True):
-        n = len(chunks) - 1
-        sig = fmt % tuple(texts[i:i + n])
-        i += n
-        if n_parts:
-            pa = [int(v) for v in vals[i:i + n_parts]]
-            parts.extend(pa)
-            i += n_parts
-            alloc = sum(round_alloc(v) for v in pa)
-        else:
-            alloc = 0
-        ops.append(OpRecord(op, sig, phases[ph], sections[sec], layer, alloc))
-    params = []
-    for name, rank, dtype, sec, layer in skel["params"]:
-        params.append(ParamRecord(name, tuple(int(v) for v in vals[i:i + rank]), dtype, sections[sec], layer))
-        i += rank
-    n_tr = sum(1 for e in skel["events"] if e[0] == "t")
-    transients = [int(v) for v in vals[i:i + n_tr]]
-    i += n_tr
-    static = sum(round_alloc(int(v)) for v in vals[i:i + skel["static_parts"]]) + int(skel["static_more"])
-    i += skel["static_parts"]
-    grad_bytes = sum(round_alloc(int(v)) for v in vals[i:i + skel["grad_parts"]])
-    i += skel["grad_parts"]
-    meta_nums: dict[str, Any] = {k: int(vals[i + j]) for j, k in enumerate(_META_NUMS)}
+    parts = [int(vals[j]) for j in lay.part_at]
+    cum = np.concatenate(([0], np.cumsum(_rounded(parts))))
+    allocs = (cum[lay.bounds[1:]] - cum[lay.bounds[:-1]]).tolist()
+    ops = tuple([OpRecord(op, fmt % tuple(texts[a:b]), ph, sec, layer, al)
+                 for (op, fmt, ph, sec, layer, a, b), al in zip(lay.ops, allocs, strict=True)])
+    params = tuple([ParamRecord(name, tuple(int(v) for v in vals[a:b]), dtype, sec, layer)
+                    for name, a, b, dtype, sec, layer in lay.params])
+    transients = [int(v) for v in vals[lay.transients[0]:lay.transients[1]]]
+    static = int(_rounded([int(v) for v in vals[lay.static[0]:lay.static[1]]]).sum()) + lay.static_more
+    grad_bytes = int(_rounded([int(v) for v in vals[lay.grads[0]:lay.grads[1]]]).sum())
+    meta_nums: dict[str, Any] = {k: int(vals[lay.meta_at + j]) for j, k in enumerate(_META_NUMS)}
     mem = replay_memory(skel["events"], parts, transients, static, grad_bytes, meta_nums["traced_layers"],
-                        {int(k): float(v) for k, v in skel["mem_templates"]})
+                        lay.mem_templates)
     m = dict(skel["meta"])
     m["extra"] = {**m["extra"], "template": key, "template_traces": traces}
     meta = GraphMeta(**m, **meta_nums, model=model)
-    return Graph(meta, tuple(ops), tuple(params), mem)
+    return Graph(meta, ops, params, mem)
 
 
 # -- where templates live ----------------------------------------------------------------------------------------

@@ -316,3 +316,23 @@ def test_a_search_whose_worker_cannot_start_evaluates_everything_itself(cpu_db: 
     two = search(eng, TINY_LLAMA, space, jobs=2, progress=lambda i, n: seen.append((i, n)))
     assert [o.row() for o in two.ranked] == [o.row() for o in one.ranked]
     assert seen[-1] == (one.evaluated, one.evaluated)
+
+
+def test_the_collector_pause_is_restored_as_it_was_even_on_error() -> None:
+    """A search evaluates with the cyclic collector off and leaves it as it found it (on or off), also when the
+    evaluation raises."""
+    import gc
+
+    from tp_query.engine.search import gc_paused
+
+    for start in (True, False):
+        (gc.enable if start else gc.disable)()
+        try:
+            with gc_paused():
+                assert not gc.isenabled()
+            assert gc.isenabled() == start
+            with pytest.raises(RuntimeError), gc_paused():
+                raise RuntimeError("boom")
+            assert gc.isenabled() == start
+        finally:
+            gc.enable()

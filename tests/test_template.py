@@ -269,11 +269,41 @@ def test_compiled_copy_and_vectorised_evaluation_equal_the_json_template(tmp_pat
         dims = {k: (1 if k in first.ones else v) for k, v in {**dict.fromkeys(template.DIMS, 1), **dims}.items()}
         cache: dict[tuple[int, ...], object] = {}
         want = [template.eval_form(f, dims, cache) for f in first.forms]  # type: ignore[arg-type]
-        got = first._plan.evaluate(first.forms, dims)
+        got = first._plan.evaluate(dims)
         if any(v is None for v in want):
             assert got is None
         else:
             assert got == want and [type(v) for v in got] == [type(v) for v in want]
+
+
+def test_the_plan_from_columns_equals_eval_form_on_every_kind_of_slot() -> None:
+    """Slots of every stored kind, planned from the columns: int64 monomials, ratios (stored as text), integers
+    beyond int64 and ones whose value overflows int64 at large dimensions, sums of monomials, float constants and
+    powers; each value is eval_form's, and a slot that is no integer at the dimensions refuses the graph."""
+    from fractions import Fraction
+
+    one = (1, 0, 0, 0, 0, 0, 0, 0, 0)  # mb
+    two = (0, 1, 0, 0, 0, 0, 0, 0, 1)  # seq * tp
+    inv = (0, 0, 0, 0, 0, 0, 0, 0, -1)  # 1 / tp
+    forms = (("m", 3, 7, one), ("m", Fraction(1, 2), 0, two), ("m", 2**70, 1, one), ("f", 1e-6),
+             ("l", ((4, one), (Fraction(3, 2), two))), ("p", 1.0, "hd", -0.5), ("m", 2**40, -5, two),
+             ("m", 6, 0, inv), ("m", -(2**51), 2**51 - 1, one), ("m", 5, 0, inv))
+    t = template.GraphTemplate.of_forms(key="k", ones=(), box={}, skeleton={}, forms=forms, traces=3,
+                                        torch_version="x")
+    assert t.forms == forms  # the columns keep every form
+    refused = 0
+    for seq in (2, 4096, 2**30):  # 2**40 * 2**30 * tp overflows int64: evaluated exactly, one by one
+        for tp in (1, 2, 3):
+            dims = {**dict.fromkeys(template.DIMS, 1), "mb": 5, "seq": seq, "tp": tp, "hd": 128}
+            cache: dict[tuple[int, ...], object] = {}
+            want = [template.eval_form(f, dims, cache) for f in forms]  # type: ignore[arg-type]
+            got = t._plan.evaluate(dims)
+            if any(v is None for v in want):
+                assert got is None and tp > 1  # 5 / tp is no integer
+                refused += 1
+            else:
+                assert got == want and [type(v) for v in got] == [type(v) for v in want]
+    assert refused == 6
 
 
 def test_the_shipped_index_lists_every_shipped_template_with_its_box() -> None:

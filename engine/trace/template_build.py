@@ -180,7 +180,7 @@ def build_template(spec: ModelSpec, fields: dict[str, Any], ones: tuple[str, ...
             raise TemplateError(f"a number of the graph ({roles[i]}) is no polynomial of the dimensions: {ints[:6]}")
         forms[i] = f
     box = {k: (min(p[k] for p in points), max(p[k] for p in points)) for k in DIMS}
-    return GraphTemplate(key=structure_key(spec, fields, ones, trace_version), ones=ones, box=box, skeleton=skel0,
+    return GraphTemplate.of_forms(key=structure_key(spec, fields, ones, trace_version), ones=ones, box=box, skeleton=skel0,
                          forms=tuple(f for f in forms if f is not None), traces=len(points),
                          torch_version=torch_version)
 
