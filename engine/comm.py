@@ -1,8 +1,14 @@
-"""Communication time: measured NCCL tables when the database has them, else an alpha-beta model.
+"""Communication time: measured NCCL tables when the database has them, else a ring model built on them.
 
 Ring algorithms: all-reduce moves 2(n-1)/n of the message per rank, all-gather and reduce-scatter
-(n-1)/n of the full tensor, send/recv the message once. Links: TP and any group of at most 8 GPUs
-inside one host use NVLink; larger groups cross hosts over InfiniBand (GpuSpec figures).
+(n-1)/n of the full tensor, send/recv the message once (nccl-tests' bus bandwidth). A ring's bus bandwidth
+does not depend on its rank count, only on its slowest link, so:
+- inside one node, a rank count the tables do not hold is the nearest measured count's time scaled by the
+  ratio of bus factors (its measured efficiency kept; NVLink's datasheet figure only without tables);
+- a group spread over nodes, k of its ranks on each, crosses nodes through k NICs at once (one per GPU:
+  NCCL's rings each take their own rail), so its bus bandwidth is the lesser of the node's measured
+  NVLink ring and k NICs; k = 1 (one rank per node, e.g. DP across nodes with TP filling each) is one NIC.
+NVLink SHARP (NVLS) and in-network reduction are not modelled: the tables were measured without them.
 """
 
 from __future__ import annotations
@@ -51,29 +57,80 @@ class CommModel:
             k: sorted((b, statistics.median(ts)) for b, ts in v.items()) for k, v in by.items()}
         self._memo: dict[tuple[str, float, int, bool], CommEstimate] = {}
 
-    def link(self, ranks: int, spans_hosts: bool) -> str:
-        return "ib" if spans_hosts or ranks > self.gpus_per_node else "nvlink"
+    def per_node(self, ranks: int, stride: int = 1) -> int:
+        """How many ranks of a group share a node when its ranks are `stride` apart in the launch order (a DP
+        group's ranks are TP ranks apart: TP is the innermost dimension of torch's meshes and Megatron's)."""
+        return max(1, min(ranks, self.gpus_per_node // max(1, stride)))
 
-    def estimate(self, collective: str, nbytes: float, ranks: int, spans_hosts: bool = False) -> CommEstimate:
-        """A collective's time; answers kept (a planner and a prediction's host range ask the same ones again)."""
-        key = (collective, nbytes, ranks, spans_hosts)
+    def link(self, ranks: int, per_node: int | None = None) -> str:
+        k = ranks if per_node is None else per_node
+        return "nvlink" if k >= ranks and ranks <= self.gpus_per_node else "network"
+
+    def estimate(self, collective: str, nbytes: float, ranks: int, per_node: int | None = None) -> CommEstimate:
+        """A collective's time over `ranks` ranks, `per_node` of them on each node (None: all on one node where
+        they fit); answers kept (a planner and a prediction's host range ask the same ones again)."""
+        k = min(ranks, self.gpus_per_node) if per_node is None else max(1, min(per_node, ranks, self.gpus_per_node))
+        key = (collective, nbytes, ranks, k)
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._memo[key] = self._estimate(collective, nbytes, ranks, spans_hosts)
+            hit = self._memo[key] = self._estimate(collective, nbytes, ranks, k)
         return hit
 
-    def _estimate(self, collective: str, nbytes: float, ranks: int, spans_hosts: bool) -> CommEstimate:
+    def _nearest_measured(self, collective: str, ranks: int) -> tuple[int, list[tuple[float, float]]] | None:
+        """The measured rank count a ring of `ranks` is scaled from: the largest at most `ranks`, else the
+        smallest (tables with at least two sizes)."""
+        have = sorted(r for (c, r), pts in self.table.items() if c == collective and len(pts) >= 2)
+        if not have:
+            return None
+        below = [r for r in have if r <= ranks]
+        r0 = below[-1] if below else have[0]
+        return r0, self.table[(collective, r0)]
+
+    def _nvlink_busbw(self, collective: str) -> float:
+        """The node's ring bus bandwidth (bytes/s): the largest measured message's, else the datasheet's."""
+        near = self._nearest_measured(collective, self.gpus_per_node)
+        if near is None:
+            return self.nvlink[0]
+        r0, pts = near
+        b, t = pts[-1]
+        return bus_factor(collective, r0) * b / (t * 1e-6)
+
+    def _estimate(self, collective: str, nbytes: float, ranks: int, k: int) -> CommEstimate:
         if ranks <= 1 or nbytes <= 0:
             return CommEstimate(0.0, Source.COMM_MODEL, "none")
-        link = self.link(ranks, spans_hosts)
-        pts = self.table.get((collective, ranks)) if link == "nvlink" else None
-        if pts and len(pts) >= 2:
-            return CommEstimate(_interp_loglog(pts, nbytes), Source.COMM_MEASURED, link)
-        bw, lat = self.nvlink if link == "nvlink" else self.network
+        if k >= ranks:  # one node: NVLink
+            pts = self.table.get((collective, ranks))
+            if pts and len(pts) >= 2:
+                return CommEstimate(_interp_loglog(pts, nbytes), Source.COMM_MEASURED, "nvlink")
+            near = self._nearest_measured(collective, ranks)
+            if near is not None and collective != "send_recv":
+                r0, pts = near
+                scale = bus_factor(collective, ranks) / bus_factor(collective, r0)
+                return CommEstimate(_interp_loglog(pts, nbytes) * scale, Source.COMM_MODEL,
+                                    f"nvlink (ring scaled from the {r0}-rank table)")
+            return CommEstimate(self._alpha_beta(collective, nbytes, ranks, *self.nvlink), Source.COMM_MODEL,
+                                "nvlink")
+        nic_bw, nic_lat = self.network
+        if collective == "send_recv":
+            return CommEstimate(self._alpha_beta(collective, nbytes, 2, nic_bw, nic_lat), Source.COMM_MODEL,
+                                "network (one NIC)")
+        inside = self._nvlink_busbw(collective)
+        if collective == "all_to_all":  # each rank's off-node share leaves through its own NIC
+            bw_us = 1e6 * max(nbytes * (k - 1) / ranks / inside, nbytes * (ranks - k) / ranks / nic_bw)
+            steps = ranks - 1
+            return CommEstimate(bw_us + 1e6 * steps * nic_lat, Source.COMM_MODEL, f"network ({k} NICs per node)")
+        bw = min(inside, k * nic_bw)
+        return CommEstimate(self._alpha_beta(collective, nbytes, ranks, bw, nic_lat), Source.COMM_MODEL,
+                            f"network ({k} NIC{'s' if k > 1 else ''} per node)")
+
+    @staticmethod
+    def _alpha_beta(collective: str, nbytes: float, ranks: int, bw: float, lat: float) -> float:
+        """Ring steps at the link's latency (all-reduce's counted as a tree's log2 n rounds) plus the bus bytes
+        at the bus bandwidth, in microseconds."""
         steps = 2 * (ranks - 1) if collective == "all_reduce" else (ranks - 1 if collective != "send_recv" else 1)
         t = steps * lat / max(1, math.log2(ranks) if collective == "all_reduce" else 1) + \
             bus_factor(collective, ranks) * nbytes / bw
-        return CommEstimate(t * 1e6, Source.COMM_MODEL, link)
+        return t * 1e6
 
 
 def _interp_loglog(pts: list[tuple[float, float]], x: float) -> float:

@@ -57,6 +57,13 @@ class Assembled(StepSchedule):
         if not fits:
             self.warnings.append(f"does not fit: peak {mem.peak_bytes / 2**30:.1f} GiB on stage "
                                  f"{mems.index(mem)} > {mem.capacity_bytes / 2**30:.1f} GiB usable")
+        # the data-parallel and pipeline transfers the step exposes, priced outside the operator lists
+        if breakdown.get("dp_comm_ms"):
+            source_time[str(Source.COMM_MEASURED if self._dp_measured() else Source.COMM_MODEL)] += \
+                breakdown["dp_comm_ms"] * 1e3
+        if breakdown.get("pp_comm_ms"):
+            p2p = self.eng.comm.estimate("send_recv", self._p2p_bytes(), 2, per_node=self._p2p_per_node())
+            source_time[str(p2p.source)] += breakdown["pp_comm_ms"] * 1e3
         total_src = sum(source_time.values()) or 1.0
         sources = {k: v / total_src for k, v in sorted(source_time.items())}
         for k in ("exact", "interpolated", "extrapolated", "miss"):
@@ -69,10 +76,14 @@ class Assembled(StepSchedule):
         if sources.get("comm-model", 0) > 0 or (par.dp > 1 and not self._dp_measured()):
             have = sorted({r for _, r in self.eng.comm.table})
             cover = f"measured tables cover {', '.join(map(str, have))} ranks" if have else "no measured collectives"
-            self.warnings.append(f"communication uses the alpha-beta model where not measured ({cover}; NVLink "
-                                 f"{self.eng.comm.nvlink[0] / 1e9:.0f} GB/s, "
-                                 f"network {self.eng.comm.network[0] / 1e9:.0f} GB/s per GPU, "
-                                 f"{self.eng.comm.gpus_per_node} GPUs per node"
+            spans = par.gpus > self.eng.comm.gpus_per_node
+            self.warnings.append(f"{sources.get('comm-model', 0):.0%} of the time is communication from the ring "
+                                 f"model, not measured ({cover}; other counts inside a node scale the nearest "
+                                 "table's ring"
+                                 + (f"; across nodes, {self.eng.comm.network[0] / 1e9:.0f} GB/s per NIC, one NIC "
+                                    "per GPU, a group crossing through as many NICs as it has ranks on a node, "
+                                    "without NVLink SHARP or in-network reduction" if spans else "")
+                                 + f"; {self.eng.comm.gpus_per_node} GPUs per node"
                                  + (f" from system {self.eng.system.name!r})" if self.eng.system else ")"))
         sysspec = self.eng.system
         if sysspec is not None and self.eng.comm.table and par.gpus > 1 and \
@@ -255,7 +266,7 @@ class Assembled(StepSchedule):
     def _dp_measured(self) -> bool:
         par = self.par
         kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
-        return self.eng.comm.estimate(kind, 1e6, par.dp, self._dp_spans_nodes()).source == Source.COMM_MEASURED
+        return self.eng.comm.estimate(kind, 1e6, par.dp, self._dp_per_node()).source == Source.COMM_MEASURED
 
     def _config(self, host: HostModel) -> dict[str, Any]:
         r, par = self.req, self.par

@@ -62,6 +62,8 @@ def prediction_table(p: Prediction) -> str:
     if p.mfu is not None and p.model_tflops_per_gpu is not None:
         lines.append(f"MFU              {100 * p.mfu:10.1f} %       ({p.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, "
                      f"{p.hardware_tflops_per_gpu or 0:.0f} hardware; {(p.parameters or 0) / 1e9:.2f} B parameters)")
+        lines.append("                 (model FLOPs by Megatron-LM's formula: attention counted in full, as if not "
+                     "causal; hardware FLOPs are the kernels' own)")
     for k, v in p.breakdown.items():
         frac = v / p.iteration_ms if p.iteration_ms else 0
         lines.append(f"  {k[:-3].replace('_', ' '):<16}{v:10.2f} ms  {_bar(frac)} {frac:6.1%}")

@@ -255,8 +255,7 @@ class StepSchedule:
             if t is None:
                 t = timed[id(r)] = self._stage_times(r, host, e)
             per_stage.append(t)
-        p2p = self.eng.comm.estimate("send_recv", self._p2p_bytes(), 2,
-                                     spans_hosts=par.tp * par.dp >= self.eng.comm.gpus_per_node).us \
+        p2p = self.eng.comm.estimate("send_recv", self._p2p_bytes(), 2, per_node=self._p2p_per_node()).us \
             if par.pp > 1 else 0.0
         cost = [r["fwd_us"] + r["bwd_us"] + 2 * p2p for r in per_stage]
         crit = int(np.argmax(cost))
@@ -363,9 +362,17 @@ class StepSchedule:
             hit = self.eng.dp_overheads[key] = e.warm_us + host.beta * (e.cold_us - e.warm_us)
         return hit
 
-    def _dp_spans_nodes(self) -> bool:
-        """A data-parallel group crosses nodes once TP x DP outgrows a node."""
-        return self.par.tp * self.par.dp > self.eng.comm.gpus_per_node
+    def _dp_per_node(self) -> int:
+        """Ranks of a data-parallel group on one node: its ranks are TP ranks apart, so it crosses nodes once
+        TP x DP outgrows a node."""
+        return self.eng.comm.per_node(self.par.dp, self.par.tp)
+
+    def _p2p_per_node(self) -> int:
+        """Stages hold consecutive blocks of TP x DP ranks, so a job over several nodes has a stage boundary
+        between nodes, and every transfer is priced as that one (1F1B's steady state runs at its slowest
+        stage and transfer); 2: the two stages share a node."""
+        par = self.par
+        return 1 if par.pp * par.tp * par.dp > self.eng.comm.gpus_per_node else 2
 
     def _dp_comm_us(self, s: StageWork, c: dict[str, Any]) -> float:
         """Exposed data-parallel communication of a step (and the slowdown NCCL causes to compute beside it),
@@ -383,10 +390,10 @@ class StepSchedule:
 
     def _dp_comm_uncached(self, s: StageWork, shape: StageShape) -> float:
         par = self.par
-        spans = self._dp_spans_nodes()
+        per_node = self._dp_per_node()
 
         def comm(kind: str, nbytes: float) -> float:
-            return self.eng.comm.estimate(kind, nbytes, par.dp, spans).us
+            return self.eng.comm.estimate(kind, nbytes, par.dp, per_node).us
 
         inter = self.interference()
         torch_fw = par.framework == Framework.TORCH
@@ -401,14 +408,16 @@ class StepSchedule:
             expert = s.expert_numel if par.ep > 1 else 0
             dense_share = (s.param_numel - expert) / max(s.param_numel, 1)
 
-            def over(kind: str, nbytes: float, ranks: int) -> float:
-                return self.eng.comm.estimate(kind, nbytes, ranks, spans).us if ranks > 1 and nbytes > 0 else 0.0
+            def over(kind: str, nbytes: float, ranks: int, stride: int) -> float:
+                return self.eng.comm.estimate(kind, nbytes, ranks, self.eng.comm.per_node(ranks, stride)).us \
+                    if ranks > 1 and nbytes > 0 else 0.0
 
-            groups = ((par.dp, dense_share), (par.expert_dp, 1.0 - dense_share))
+            # the dense part over DP (ranks TP apart), the routed experts' over their replicas (TP x EP apart)
+            groups = ((par.dp, dense_share, par.tp), (par.expert_dp, 1.0 - dense_share, par.tp * par.ep))
             if par.zero == 0:
-                return scale_us + sum(over("all_reduce", buf * f, r) for r, f in groups)
-            return scale_us + sum(over("reduce_scatter", buf * f, r) + over("all_gather", s.param_bytes * f, r)
-                                  for r, f in groups)
+                return scale_us + sum(over("all_reduce", buf * f, r, st) for r, f, st in groups)
+            return scale_us + sum(over("reduce_scatter", buf * f, r, st) + over("all_gather", s.param_bytes * f, r, st)
+                                  for r, f, st in groups)
         if par.zero == 0:
             return ddp_overhead(shape, comm, inter)
         if par.zero >= 2 and torch_fw:  # FSDP2: every micro-batch gathers and reduce-scatters

@@ -167,7 +167,9 @@ class SegmentCache:
         ranks = {"tp": self.tp, "ep": self.ep}.get(group)
         if ranks is None:
             raise PredictError(f"the graph has a {kind} over group {group!r}, which this split does not size")
-        e = self.eng.comm.estimate(kind, float(t.nbytes), ranks)
+        # a TP group lies inside one node; an EP group's ranks are TP ranks apart (it crosses nodes past one)
+        per_node = None if group == "tp" else self.eng.comm.per_node(ranks, self.tp)
+        e = self.eng.comm.estimate(kind, float(t.nbytes), ranks, per_node)
         return e.us, e.source
 
     def _segment(self, items: list[Item], weight: np.ndarray | None = None) -> Segment:
