@@ -55,7 +55,7 @@ class CommModel:
         # one point per message size (the median over dtypes: bandwidth-bound collectives barely care)
         self.table: dict[tuple[str, int], list[tuple[float, float]]] = {
             k: sorted((b, statistics.median(ts)) for b, ts in v.items()) for k, v in by.items()}
-        self._memo: dict[tuple[str, float, int, bool], CommEstimate] = {}
+        self._memo: dict[tuple[str, float, int, int], CommEstimate] = {}
 
     def per_node(self, ranks: int, stride: int = 1) -> int:
         """How many ranks of a group share a node when its ranks are `stride` apart in the launch order (a DP
