@@ -315,13 +315,17 @@ def sql(
 
 @db_app.command("verify")
 def db_verify(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
-    """Check every file against the manifest (checksums), its provenance (GPU, schema) and unique keys."""
+    """Check every file against the manifest (checksums), its provenance (GPU, schema), unique keys and values,
+    and the shipped snapshot against the reads derived from the files."""
     from tp_query.engine.db import Database
 
     def go() -> None:
+        from tp_query.engine.snapshot import check
+
         d = Database(gpu, db)
         n = sum(len(v) for v in d.tables.values())
-        typer.echo(f"ok: {n} files of {d.base} match the manifest; provenance and keys checked")
+        shipped = check(gpu, db)
+        typer.echo(f"ok: {n} files of {d.base} match the manifest; provenance, keys and values checked; {shipped}")
 
     _guard(go)
 
@@ -591,6 +595,16 @@ def plot(
                     precs = [s for s in precs if not SETTINGS[s].fp8_recipe]
                     typer.echo("note: fp8_tensorwise and fp8_rowwise left out (pip install torchao==0.18.0)",
                                err=True)
+                # the default list holds the settings this split models; asked for by name, one is refused
+                from tp_query.engine.parallel import ParallelConfig
+                from tp_query.engine.request import setting_refusal
+
+                split = ParallelConfig(dp=dp, tp=tp, pp=pp)
+                left = [s for s in precs if setting_refusal(s, split)]
+                if left:
+                    precs = [s for s in precs if s not in left]
+                    typer.echo(f"note: {', '.join(s.value for s in left)} left out: "
+                               f"{setting_refusal(left[0], split)}", err=True)
             with _Status(f"predicting {len(precs)} settings"):
                 labels, parts = P.breakdown_across(
                     [(s.value, api_predict(model, gpu=gpu, db=db, precision=s, dp=dp, tp=tp, pp=pp,
@@ -633,7 +647,7 @@ def report(
         from tp_query.engine.validation import Study, load_rows, report_markdown, summary
 
         eng = Engine(gpu, db)
-        rows = load_rows(validation)
+        rows = load_rows(validation, eng.gpu.name)
         if not rows:
             raise UserError(f"no validation measurements under {validation} (run `make validate` on a GPU)")
         with _Status(f"assembling {len(rows)} validation cases (traces each new one: minutes)"):

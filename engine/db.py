@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import glob
 import json
+import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,9 @@ from tp_query.schema.messages import first_line
 from tp_query.schema.tables import METADATA_KEY, SCHEMA_VERSION
 
 from .dbcache import DB_ENV, DatabaseError, default_root  # noqa: F401 - part of this module's interface
+
+USER_SQL_MEMORY_MB = 2048  # what one ad-hoc query may hold (DuckDB's memory_limit)
+USER_SQL_TIMEOUT_S = float(os.environ.get("TP_QUERY_SQL_TIMEOUT_S", "60"))  # then the query is interrupted
 
 
 def available_gpus(root: Path) -> list[str]:
@@ -125,6 +130,7 @@ class Database:
         self._create_views(base)
         if validate:
             self._check_keys()
+            self._check_values()
 
     def _open_remote(self, base: str, validate: bool) -> None:
         """Object storage: the manifest names the files; each is fetched once and verified by checksum."""
@@ -252,6 +258,21 @@ class Database:
             raise DatabaseError(f"duplicate measurements of one operator call (key {row[0]}, run {row[1]}, "
                                 f"torch {row[2]}, {row[3]} rows) in {self.base}/ops")
 
+    def _check_values(self) -> None:
+        """Every measured latency a positive finite number: a zero, negative or NaN time is a damaged or
+        hand-edited file, never averaged into a median."""
+        for table in self.tables:
+            cols = {c.lower() for c in self.con.table(table).columns}
+            for col in ("latency_us", "latency_warm_us"):
+                if col not in cols:
+                    continue
+                ok = "status = 'ok' AND " if "status" in cols else ""
+                row = self.con.execute(f"SELECT {col} FROM {table} WHERE {ok}{col} IS NOT NULL AND "
+                                       f"NOT (isfinite({col}) AND {col} > 0) LIMIT 1").fetchone()
+                if row:
+                    raise DatabaseError(f"{self.base}/{table}: a measured {col} of {row[0]!r} (a damaged or edited "
+                                        "file: every latency is a positive finite number)")
+
     # -- queries ------------------------------------------------------------------------------
     def user_sql(self, query: str) -> pa.Table:
         """A user's ad-hoc query: exactly one SELECT (or WITH ... SELECT) statement, on a connection that can
@@ -264,7 +285,19 @@ class Database:
             kinds = ", ".join(str(s.type).split(".")[-1] for s in stmts) or "nothing"
             raise DatabaseError(f"only one SELECT (or WITH ... SELECT) statement is allowed, got {kinds}")
         self.lock_down()
-        return self.sql(query)
+        # a query that runs past its time is interrupted (DuckDB has no statement timeout of its own)
+        timer = threading.Timer(USER_SQL_TIMEOUT_S, self.con.interrupt)
+        timer.daemon = True
+        timer.start()
+        try:
+            return self.sql(query)
+        except DatabaseError as e:
+            if not timer.is_alive() and "interrupt" in str(e).lower():
+                raise DatabaseError(f"the query ran past {USER_SQL_TIMEOUT_S:g} s and was stopped") from None
+            raise
+        finally:
+            timer.cancel()
+            timer.join()  # gone before the connection can be closed (DuckDB aborts on a live waiter at exit)
 
     def lock_down(self) -> None:
         """DuckDB's 'Securing DuckDB': no file access outside the database, no extensions, settings locked."""
@@ -277,6 +310,9 @@ class Database:
                 self.con.execute("SET allowed_directories = ?", [roots])
                 self.con.execute("SET enable_external_access = false")
             self.con.execute("SET autoload_known_extensions = false")
+            # a query's memory bounded (and nothing spilled to disk), set before the configuration is locked
+            self.con.execute("SET memory_limit = ?", [f"{USER_SQL_MEMORY_MB}MB"])
+            self.con.execute("SET max_temp_directory_size = '0B'")
             self.con.execute("SET lock_configuration = true")
         except duckdb.Error as e:
             raise DatabaseError(f"cannot lock the SQL connection down: {first_line(e)}") from None

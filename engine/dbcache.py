@@ -45,7 +45,7 @@ class DatabaseError(RuntimeError):
 _READERS = (Path(__file__).with_name("db.py"), Path(__file__),
             Path(__file__).resolve().parent.parent / "schema" / "tables.py")
 SHIPPED_NAME = "snapshot.json.gz"  # beside a GPU's manifest: the snapshot built with the database (make snapshot)
-SHIPPED_FORMAT = "tp-query-db-snapshot/1"
+SHIPPED_FORMAT = "tp-query-db-snapshot/2"  # a header line, then the files
 
 
 def _cache_root() -> Path:
@@ -93,6 +93,22 @@ def _write_json(path: Path, value: Any) -> None:
         tmp.replace(path)
     except OSError:
         pass
+
+
+def read_shipped(path: Path, fp: str | None) -> dict[str, Any] | None:
+    """A shipped snapshot's reads when it was built from the database of fingerprint `fp` and its payload is
+    the bytes its header hashed; None otherwise (none, damaged, edited or stale: every read derived instead)."""
+    try:
+        raw = gzip.decompress(path.read_bytes())
+        head_b, sep, body = raw.partition(b"\n")
+        head = json.loads(head_b)
+        if not sep or not isinstance(head, dict) or head.get("format") != SHIPPED_FORMAT or \
+                head.get("fingerprint") != fp or head.get("files_sha256") != hashlib.sha256(body).hexdigest():
+            return None
+        files = json.loads(body)
+    except (OSError, ValueError, EOFError):  # none, or damaged (gzip's CRC)
+        return None
+    return files if isinstance(files, dict) else None
 
 
 class DbSnapshot:
@@ -158,14 +174,7 @@ class DbSnapshot:
         from these very files by this very code (its fingerprint is this database's); else nothing, and every
         read is derived from the database. Loaded once, on the first read the cache lacks."""
         if self._shipped is None:
-            self._shipped = {}
-            try:
-                obj = json.loads(gzip.decompress((self._base / SHIPPED_NAME).read_bytes()))
-            except (OSError, ValueError, EOFError):  # none, or damaged (gzip's CRC): derived instead
-                return self._shipped
-            if isinstance(obj, dict) and obj.get("format") == SHIPPED_FORMAT and \
-                    obj.get("fingerprint") == self.fingerprint and isinstance(obj.get("files"), dict):
-                self._shipped = obj["files"]
+            self._shipped = read_shipped(self._base / SHIPPED_NAME, self.fingerprint) or {}
         return self._shipped
 
     def derived_files(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import sys
@@ -38,15 +39,44 @@ def derive(gpu: str, root: Path | str | None = None) -> dict[str, Any]:
         return {"format": SHIPPED_FORMAT, "fingerprint": snap.fingerprint, "files": snap.derived_files()}
 
 
+def encode(snap: dict[str, Any]) -> bytes:
+    """A header line (format, fingerprint, the SHA-256 of the files' bytes) and the files' JSON: a reader checks
+    the payload against the header without serialising it again."""
+    body = json.dumps(snap["files"], separators=(",", ":"), sort_keys=True).encode()
+    head = {"format": snap["format"], "fingerprint": snap["fingerprint"], "files_sha256": hashlib.sha256(body).hexdigest()}
+    # mtime=0: the same database gives the same bytes
+    return gzip.compress(json.dumps(head, sort_keys=True).encode() + b"\n" + body, 9, mtime=0)
+
+
 def write(gpu: str, root: Path | str | None = None) -> Path:
     snap = derive(gpu, root)
     base = Path(str(root) if root is not None else DbSnapshot(gpu, root, shipped=False).root) / gpu
     out = base / SHIPPED_NAME
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    # mtime=0: the same database gives the same bytes
-    tmp.write_bytes(gzip.compress(json.dumps(snap, separators=(",", ":"), sort_keys=True).encode(), 9, mtime=0))
+    tmp.write_bytes(encode(snap))
     os.replace(tmp, out)
     return out
+
+
+def check(gpu: str, root: Path | str | None = None) -> str:
+    """What `db verify` says of the shipped snapshot: absent, stale (built from other files or code: unused), or
+    equal to a fresh derivation from the files; raises DatabaseError when it claims these files but differs."""
+    from .dbcache import DatabaseError, read_shipped
+
+    snap = DbSnapshot(gpu, root, shipped=False)
+    if snap._dir is None:
+        return "no snapshot (a remote database or none built)"
+    path = snap._base / SHIPPED_NAME
+    if not path.exists():
+        return "no snapshot: every read is derived from the files"
+    files = read_shipped(path, snap.fingerprint)
+    if files is None:
+        return "snapshot stale or unreadable: unused (rebuild with `make snapshot`)"
+    fresh = derive(gpu, root)["files"]
+    if json.loads(json.dumps(fresh)) != files:
+        raise DatabaseError(f"{path} claims this database's fingerprint but its reads differ from the files' "
+                            "(altered): remove it or rebuild it with `make snapshot`")
+    return "snapshot equal to the files' reads"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tp_query.schema.model_config import ConfigError, family_label, parse_config
 from tp_query.schema.precision import Setting
+from tp_query.schema.tables import METADATA_KEY
 
 from .framework import FIRST_MACHINE
 from .hostsim import HostModel
@@ -91,26 +92,44 @@ class CaseResult:
         return self.predicted_fits == (self.status == "ok")
 
 
-def _latest_rows(files: list[str]) -> list[dict[str, Any]]:
+def _read_run_file(f: str, gpu: str | None) -> pa.Table:
+    """One file of measured runs, refused when it was measured on another GPU (its provenance or its rows)."""
+    t = pq.read_table(f)
+    if gpu is None:
+        return t
+    meta = (t.schema.metadata or {}).get(METADATA_KEY)
+    try:
+        prov_gpu = json.loads(meta).get("gpu") if meta else None
+    except (ValueError, AttributeError):
+        raise ValueError(f"{f}: unreadable provenance") from None
+    rows_gpu = set(t.column("gpu").to_pylist()) if "gpu" in t.column_names else set()
+    foreign = ({prov_gpu} | rows_gpu) - {gpu, None}
+    if foreign:
+        raise ValueError(f"{f}: runs measured on {', '.join(sorted(map(repr, foreign)))}, not {gpu!r} (a "
+                         "report compares one GPU's runs with its own database)")
+    return t
+
+
+def _latest_rows(files: list[str], gpu: str | None = None) -> list[dict[str, Any]]:
     if not files:
         return []
-    rows = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default").to_pylist()
+    rows = pa.concat_tables([_read_run_file(f, gpu) for f in files], promote_options="default").to_pylist()
     latest: dict[str, dict[str, Any]] = {}
     for r in rows:
         latest[r["case_id"]] = r
     return list(latest.values())
 
 
-def load_rows(root: Path) -> list[dict[str, Any]]:
+def load_rows(root: Path, gpu: str | None = None) -> list[dict[str, Any]]:
     """The latest row of every case, then the cases measured again as samples of other machine instances
     (<root>/machines/<id>/, `dist-validate --machine-sample`) as cases of their own, `<case>@<id>`, each
     predicted with its instance's measured host costs. Rows of the main folder carry machine None: they
     were measured before instances were told apart."""
-    out = _latest_rows(sorted(glob.glob(str(root / "validation-*.parquet"))))  # validation-dist-* included
+    out = _latest_rows(sorted(glob.glob(str(root / "validation-*.parquet"))), gpu)  # validation-dist-* included
     for r in out:
         r["machine"] = None
     for d in sorted(p for p in (root / "machines").glob("*") if p.is_dir()):
-        for r in _latest_rows(sorted(glob.glob(str(d / "validation-*.parquet")))):
+        for r in _latest_rows(sorted(glob.glob(str(d / "validation-*.parquet"))), gpu):
             out.append({**r, "case_id": f"{r['case_id']}@{d.name}", "machine": d.name})
     return out
 

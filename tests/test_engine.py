@@ -378,8 +378,8 @@ def test_shipped_snapshot_is_current() -> None:
     from tp_query.engine.dbcache import SHIPPED_NAME
 
     root = Path(__file__).resolve().parents[1] / "data"
-    shipped = json.loads(gzip.decompress((root / "h200" / SHIPPED_NAME).read_bytes()))
-    assert shipped == json.loads(json.dumps(snapshot.derive("h200", root))), \
+    assert gzip.decompress((root / "h200" / SHIPPED_NAME).read_bytes()) == \
+        gzip.decompress(snapshot.encode(snapshot.derive("h200", root))), \
         "data/h200/snapshot.json.gz is stale: run `make snapshot GPU=h200`"
 
 
@@ -410,9 +410,12 @@ def test_a_shipped_snapshot_answers_without_duckdb_and_only_for_its_database(cpu
     assert used_duckdb  # no snapshot shipped: derived by DuckDB
     snapshot.write("cpu", root)
     assert run() == [ms, gib, False]
-    obj = json.loads(gzip.decompress((root / "cpu" / SHIPPED_NAME).read_bytes()))
+    head, _, body = gzip.decompress((root / "cpu" / SHIPPED_NAME).read_bytes()).partition(b"\n")
+    obj = json.loads(head)
     obj["fingerprint"] = "0" * 24  # built from other bytes: not this database's
-    (root / "cpu" / SHIPPED_NAME).write_bytes(gzip.compress(json.dumps(obj).encode()))
+    (root / "cpu" / SHIPPED_NAME).write_bytes(gzip.compress(json.dumps(obj).encode() + b"\n" + body))
+    assert run() == [ms, gib, True]
+    (root / "cpu" / SHIPPED_NAME).write_bytes(gzip.compress(head + b"\n" + body[:-1] + b" }"))  # edited payload
     assert run() == [ms, gib, True]
     (root / "cpu" / SHIPPED_NAME).write_bytes(b"\x1f\x8b damaged")
     assert run() == [ms, gib, True]

@@ -248,7 +248,8 @@ def test_two_hundred_random_bit_flips_are_all_caught(shipped_copy: Path) -> None
 
 
 @pytest.mark.parametrize("fault", ["foreign_copy", "truncated_comm", "missing_file", "no_manifest", "latency_x1000",
-                                   "cpu_rows_adopted", "negative_calibration", "calibration_list"])
+                                   "cpu_rows_adopted", "negative_calibration", "calibration_list",
+                                   "negative_latency", "nan_latency", "zero_warm_latency", "negative_comm"])
 def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fault: str) -> None:
     root = tmp_path / "db"
     shutil.copytree(shipped_copy / "h200", root / "h200")
@@ -285,6 +286,20 @@ def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fa
         write_table(base / "ops" / "zz-cpu.parquet", [], OPS_SCHEMA, prov)
         manifest.adopt(base, "h200")
         match = "measured on 'cpu'"
+    elif fault in ("negative_latency", "nan_latency", "zero_warm_latency", "negative_comm"):
+        # values edited in place and the files re-adopted: the checksums agree, the values cannot be times
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        f = sorted((base / "comm").glob("*.parquet"))[0] if fault == "negative_comm" else ops[0]
+        t = pq.read_table(f)
+        col = "latency_warm_us" if fault == "zero_warm_latency" else "latency_us"
+        vals = t.column(col).to_pylist()
+        vals[len(vals) // 2] = {"nan_latency": float("nan"), "zero_warm_latency": 0.0}.get(fault, -abs(vals[0] or 1.0))
+        t = t.set_column(t.schema.get_field_index(col), col, pa.array(vals, t.schema.field(col).type))
+        pq.write_table(t, f)
+        manifest.adopt(base, "h200")
+        match = f"a measured {col} of"
     elif fault == "negative_calibration":
         cal = json.loads((base / "calibration.json").read_text())
         (base / "calibration.json").write_text(json.dumps({**cal, "per_tensor_us": -3.0}))
@@ -312,3 +327,76 @@ def test_sql_reads_the_database_and_nothing_else(shipped_copy: Path) -> None:
     for q in ("SELECT * FROM read_parquet('/etc/passwd')", "COPY ops TO '/tmp/x.csv'", "EXPORT DATABASE '/tmp/x'"):
         with pytest.raises(DatabaseError):
             d.user_sql(q)
+
+
+def test_an_edited_snapshot_is_never_read_and_db_verify_names_it(shipped_copy: Path, tmp_path: Path) -> None:
+    """The shipped snapshot answers only when its payload is the bytes its header hashed (an edit that keeps the
+    header is ignored: the answer is the files'); one whose header was rewritten to match is caught by `db verify`,
+    which derives every read from the files again."""
+    import gzip
+    import hashlib
+
+    from tp_query.engine.dbcache import SHIPPED_NAME
+
+    root = tmp_path / "db"
+    shutil.copytree(shipped_copy / "h200", root / "h200")
+    snap = root / "h200" / SHIPPED_NAME
+    if not snap.exists():
+        pytest.skip("no shipped snapshot")
+    raw = gzip.decompress(snap.read_bytes())
+    head, _, body = raw.partition(b"\n")
+    files = json.loads(body)
+    files["exact"] = {k: [x * 3 if isinstance(x, float) else x for x in v] for k, v in files["exact"].items()}
+    edited = json.dumps(files, separators=(",", ":"), sort_keys=True).encode()
+    clean = _cli(["predict", "examples/llama3.1-8b.json", "--tp", "2", "--json"])
+    assert clean.returncode == 0, clean.stderr
+    want = json.loads(clean.stdout)["iteration_ms"]
+    snap.write_bytes(gzip.compress(head + b"\n" + edited))
+    r = _cli(["predict", "examples/llama3.1-8b.json", "--tp", "2", "--json", "--db", str(root)])
+    assert r.returncode == 0 and json.loads(r.stdout)["iteration_ms"] == pytest.approx(want, rel=1e-9), r.stderr
+    h = json.loads(head)
+    h["files_sha256"] = hashlib.sha256(edited).hexdigest()
+    snap.write_bytes(gzip.compress(json.dumps(h).encode() + b"\n" + edited))
+    v = _cli(["db", "verify", "--db", str(root)])
+    assert v.returncode == 2 and "altered" in v.stderr and len(v.stderr.strip().splitlines()) == 1, v.stderr
+
+
+def test_an_ad_hoc_query_is_bounded_in_time_and_memory(shipped_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query past its time is interrupted; one past its memory fails inside DuckDB's limit (no spill to disk)."""
+    import tp_query.engine.db as dbm
+
+    monkeypatch.setattr(dbm, "USER_SQL_TIMEOUT_S", 0.5)
+    d = Database("h200", shipped_copy)
+    with pytest.raises(DatabaseError, match="ran past 0.5 s"):
+        d.user_sql("SELECT count(*) FROM range(1000000000000) a")
+    with pytest.raises(DatabaseError, match="(?i)out of memory"):
+        d.user_sql("SELECT list(repeat('x', 1000000)) FROM range(100000)")
+    assert d.user_sql("SELECT count(*) AS n FROM ops_ok").to_pylist()[0]["n"] > 0  # and the connection still answers
+
+
+def test_a_report_refuses_runs_measured_on_another_gpu(tmp_path: Path) -> None:
+    """Validation runs of another GPU (by their rows or their file's provenance) are named, never compared with
+    this GPU's database."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tp_query.engine.validation import load_rows
+    from tp_query.schema.tables import METADATA_KEY
+
+    src = sorted((ROOT / "data" / "validation").glob("validation-*.parquet"))[0]
+    t = pq.read_table(src)
+    assert load_rows(src.parent, "h200")
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    i = t.schema.get_field_index("gpu")
+    pq.write_table(t.set_column(i, "gpu", pa.array(["h100"] * len(t), t.schema.field("gpu").type)),
+                   rows / "validation-00000.parquet")
+    with pytest.raises(ValueError, match="measured on 'h100', not 'h200'"):
+        load_rows(rows, "h200")
+    prov = tmp_path / "prov"
+    prov.mkdir()
+    meta = dict(t.schema.metadata or {})
+    meta[METADATA_KEY] = json.dumps({**json.loads(meta[METADATA_KEY]), "gpu": "h100"}).encode()
+    pq.write_table(t.replace_schema_metadata(meta), prov / "validation-00000.parquet")
+    with pytest.raises(ValueError, match="measured on 'h100'"):
+        load_rows(prov, "h200")
