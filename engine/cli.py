@@ -87,8 +87,8 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
     meta = obj.get("meta") if obj.get("format", "").startswith("tp-query-graph") else None
     if isinstance(meta, dict):  # a graph file: what it was traced with, unless asked otherwise (then checked)
         precision = precision or Setting(meta.get("setting", "amp_bf16"))
-        seq_len = seq_len or int(meta.get("seq_len") or 4096)
-        micro_batch = micro_batch or int(meta.get("micro_batch") or 1)
+        seq_len = int(meta.get("seq_len") or 4096) if seq_len is None else seq_len
+        micro_batch = int(meta.get("micro_batch") or 1) if micro_batch is None else micro_batch
     precision = precision or Setting.AMP_BF16
     seq_len = 4096 if seq_len is None else seq_len
     micro_batch = 1 if micro_batch is None else micro_batch
@@ -247,6 +247,8 @@ def ops(
     from tp_query.engine.report import ops_table
 
     def go() -> None:
+        if top < 0:
+            raise UserError(f"--top must be >= 0 (0: all rows), got {top}")
         req = _request(model, gpu, dp, tp, pp, precision, seq_len, micro_batch, global_batch, optimizer,
                        sequence_parallel, zero, recompute, False, db, framework, pp_schedule, ddp_bucket_view, ep,
                        moe_imbalance, torch_version)
@@ -274,7 +276,7 @@ def ops(
                                       [[g[by], f"{g['calls']:.4g}", f"{g['total_ms']:.3f}",
                                         f"{100 * g['total_ms'] / total:.1f}%"] for g in groups], right={1, 2, 3}))
             return
-        rows = p.ops if top <= 0 else p.ops[:top]
+        rows = p.ops if top == 0 else p.ops[:top]
         if as_json:
             typer.echo(json.dumps([r.__dict__ for r in rows], indent=1, default=float))
         else:
@@ -296,6 +298,10 @@ def sql(
     from tp_query.engine.report import arrow_table_text
 
     def go() -> None:
+        if fmt not in ("table", "csv", "json"):
+            raise UserError(f"--format must be table, csv or json, got {fmt!r}")
+        if limit < 1:
+            raise UserError(f"--limit must be a positive integer (rows printed in table format), got {limit}")
         t = Database(gpu, db).user_sql(query)
         if fmt == "json":
             typer.echo(json.dumps(t.to_pylist(), default=str, indent=1))
@@ -410,6 +416,8 @@ def trace(
 
         if recompute not in ("none", "full"):
             raise UserError(f"--recompute must be none or full, got {recompute!r}")
+        if not out.name.endswith((".json", ".json.gz")):
+            raise UserError(f"--out must name a .json or .json.gz graph file, got {out.name!r}")
         with _Status("tracing"):
             g = trace_target(target, inputs, precision, optimizer, seq_len, micro_batch, tp, sequence_parallel,
                              recompute == "full", framework)
@@ -436,6 +444,13 @@ def sigs(
     def go() -> None:
         from tp_query.collector.plan import write_signature_file
         from tp_query.engine.tracecli import signature_entries
+
+        if layers is not None and layers < 1:
+            raise UserError(f"--layers must be a positive integer, got {layers}")
+        for name, vals, low in (("--seq-len", seq_len, 2), ("--micro-batch", micro_batch, 1), ("--tp", tp, 1)):
+            bad = [v for v in vals or [] if v < low]
+            if bad:
+                raise UserError(f"{name} must be integers >= {low}, got {bad[0]}")
 
         with _Progress("tracing") as progress:
             entries = signature_entries([load_model_file(m) for m in models], precision or list(Setting),
@@ -571,7 +586,8 @@ def plot(
     seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
     micro_batch: Annotated[int, typer.Option("--micro-batch")] = 1,
     precision: Annotated[list[str] | None, typer.Option(help="settings to compare (default every setting)")] = None,
-    kind: Annotated[str, typer.Option(help="latency: operator kind (mm, elementwise, attn_cudnn_fwd, ...)")] = "mm",
+    kind: Annotated[str | None, typer.Option(help="latency: operator kind (mm, elementwise, attn_cudnn_fwd, ...; "
+                                                  "default mm)")] = None,
     gpu: GpuOpt = "h200",
     db: DbOpt = None,
 ) -> None:
@@ -583,6 +599,8 @@ def plot(
         if what == "breakdown":
             if model is None:
                 raise UserError("plot breakdown needs --model")
+            if kind is not None:
+                raise UserError("--kind applies to plot latency (operator latency against size), not to breakdown")
             from tp_query.engine.api import predict as api_predict
 
             precs = [Setting(p) for p in precision] if precision else list(Setting)
@@ -614,10 +632,24 @@ def plot(
         elif what == "latency":
             from tp_query.engine.db import Database
 
-            series = P.latency_series(Database(gpu, db), kind)
+            given = [f for f, v in (("--model", model is not None), ("--dp", dp != 1), ("--tp", tp != 1),
+                                    ("--pp", pp != 1), ("--seq-len", seq_len != 4096),
+                                    ("--micro-batch", micro_batch != 1)) if v]
+            if given:
+                raise UserError(f"{', '.join(given)} apply to plot breakdown; plot latency shows measured "
+                                "operator latency against size, per precision")
+            kind_ = kind or "mm"
+            series = P.latency_series(Database(gpu, db), kind_)
             if not series:
-                raise UserError(f"no measurements of kind {kind!r} in the {gpu} database")
-            P.save(P.Chart("points", f"{kind} latency on {gpu.upper()} by precision",
+                raise UserError(f"no measurements of kind {kind_!r} in the {gpu} database")
+            if precision:  # the precisions asked for, each one measured for this kind
+                have = {x.name.split(" ")[0] for x in series}
+                missing = [p_ for p_ in precision if p_ not in have]
+                if missing:
+                    raise UserError(f"no {kind_} measurements in {', '.join(missing)} (measured: "
+                                    f"{', '.join(sorted(have))})")
+                series = [x for x in series if x.name.split(" ")[0] in precision]
+            P.save(P.Chart("points", f"{kind_} latency on {gpu.upper()} by precision",
                            "FLOP" if series[0].name.endswith("(flops)") else "bytes moved", "latency (us)",
                            series=series), out)
         else:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
 
-from .graph import Graph, is_graph_json
+from .graph import Graph, Phase, is_graph_json
 from .request import PredictError, PredictRequest
 
 if TYPE_CHECKING:
@@ -215,6 +215,34 @@ def _from_template(spec: ModelSpec, req: PredictRequest) -> Graph | None:
     return None if found is None else found[0].instantiate(found[1], spec.to_dict())
 
 
+MAX_TENSOR_ELEMENTS = 1 << 40  # far beyond any tensor one GPU holds (a trillion elements)
+
+
+def graph_refusal(g: Graph) -> str:
+    """Why a graph given as a file cannot be a training step ("" when it can): one that has no forward or no
+    backward operators, no parameters, or a tensor beyond any GPU would answer with a step of nothing."""
+    from tp_query.schema.signature import OpCall, TensorSpec
+
+    phases = {o.phase for o in g.ops}
+    for ph in (Phase.FWD, Phase.BWD):
+        if ph not in phases:
+            return f"it has no {ph.value} operators (a training step runs forward and backward)"
+    if not g.params:
+        return "it lists no parameters (a training step updates some)"
+    for p in g.params:
+        if any(not isinstance(d, int) or d < 0 for d in p.shape) or p.numel > MAX_TENSOR_ELEMENTS:
+            return f"parameter {p.name!r} has shape {list(p.shape)[:8]} (at most {MAX_TENSOR_ELEMENTS:.0e} elements)"
+    for o in g.ops:
+        try:
+            call = OpCall.from_json_str(o.op, o.sig)
+        except (TypeError, ValueError, KeyError) as e:
+            return f"operator {o.op} has an unreadable signature ({first_line(e)})"
+        for t in call.tensors():
+            if isinstance(t, TensorSpec) and (any(d < 0 for d in t.shape) or t.numel > MAX_TENSOR_ELEMENTS):
+                return f"operator {o.op} has a tensor of shape {list(t.shape)[:8]} (at most {MAX_TENSOR_ELEMENTS:.0e} elements)"
+    return ""
+
+
 def graph_for(req: PredictRequest) -> Graph:
     if is_graph_json(req.model):
         try:
@@ -222,6 +250,9 @@ def graph_for(req: PredictRequest) -> Graph:
         except (TypeError, ValueError, KeyError) as e:
             raise PredictError(f"not a valid graph file: {first_line(e)}"
                                ) from None
+        why = graph_refusal(g)
+        if why:
+            raise PredictError(f"not a valid graph file: {why}")
         par = req.parallel
         if (par.tp > 1 or par.pp > 1) and g.meta.source == "module":
             raise PredictError("a traced module runs as traced: use --tp 1 --pp 1 (DP and ZeRO are fine)")

@@ -51,12 +51,22 @@ def trace_target(target: str, inputs: str | None, setting: Setting, optimizer: s
     one GPU runs it: flags that would change a module's graph are refused, never ignored."""
     from .trace.capture import TraceError, TraceRequest, trace_config, trace_module
 
+    for name, v, low in (("--seq-len", seq_len, 2), ("--micro-batch", micro_batch, 1), ("--tp", tp, 1)):
+        if v is not None and v < low:
+            raise ConfigError(f"{name} must be an integer >= {low}, got {v}")
     try:
         if target.endswith(".json") or Path(target).is_dir():
+            if inputs is not None:
+                raise ConfigError("--inputs applies to a module; a config is traced on token ids of --seq-len")
+            if sequence_parallel and (tp or 1) == 1:
+                raise ConfigError("--sequence-parallel needs --tp > 1 (sequence parallelism splits the sequence "
+                                  "over the tensor-parallel ranks)")
             spec = parse_config(load_model_file(target), Path(target).stem)
-            return trace_config(TraceRequest(spec, setting, micro_batch or 1, seq_len or 4096, tp or 1,
+            return trace_config(TraceRequest(spec, setting, 1 if micro_batch is None else micro_batch,
+                                             4096 if seq_len is None else seq_len, 1 if tp is None else tp,
                                              sequence_parallel, recompute, optimizer, framework=framework))
-        given = [f for f, v in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--tp", tp),
+        given = [f for f, v in (("--seq-len", seq_len is not None), ("--micro-batch", micro_batch is not None),
+                                ("--tp", tp is not None),
                                 ("--sequence-parallel", sequence_parallel), ("--recompute full", recompute),
                                 ("--framework megatron", framework != "torch")) if v]
         if given:
@@ -67,8 +77,11 @@ def trace_target(target: str, inputs: str | None, setting: Setting, optimizer: s
             raise ConfigError("tracing a module needs --inputs file.py:make_inputs (a function of the model that "
                               "returns the forward's positional arguments, created as ordinary CPU tensors)")
         make_inputs = _load_callable(inputs)
-        return trace_module(factory, lambda m: tuple(make_inputs(m)), setting, optimizer,
-                            name=target.rpartition(":")[2])
+        try:
+            return trace_module(factory, lambda m: tuple(make_inputs(m)), setting, optimizer,
+                                name=target.rpartition(":")[2])
+        except SystemExit as e:  # the user's module left the interpreter: nothing was traced
+            raise ConfigError(f"{target} called exit({e.code!r}) while it was traced: nothing written") from None
     except TraceError as e:
         raise ConfigError(str(e)) from None
 

@@ -167,6 +167,19 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("sql_two_statements", lambda f: ["sql", "SELECT 1; SELECT 2"]),
     ("sql_create", lambda f: ["sql", "CREATE TABLE t AS SELECT 1"]),
     ("sql_syntax", lambda f: ["sql", "SELEC 1"]),
+    # options that would be ignored: honoured or refused
+    ("sql_format_xml", lambda f: ["sql", "SELECT 1", "--format", "xml"]),
+    ("sql_limit_negative", lambda f: ["sql", "SELECT 1", "--limit", "-2"]),
+    ("ops_top_negative", lambda f: ["ops", str(f["llama"]), "--top", "-3"]),
+    ("sigs_layers_zero", lambda f: ["sigs", str(f["llama"]), "-o", "/tmp/tpq-sigs.jsonl", "--layers", "0"]),
+    ("trace_out_txt", lambda f: ["trace", str(f["llama"]), "-o", "/tmp/tpq-g.txt"]),
+    ("trace_micro_batch_zero", lambda f: ["trace", str(f["llama"]), "-o", "/tmp/tpq-g.json", "--micro-batch", "0"]),
+    ("trace_sp_without_tp", lambda f: ["trace", str(f["llama"]), "-o", "/tmp/tpq-g.json", "--sequence-parallel"]),
+    ("trace_config_inputs", lambda f: ["trace", str(f["llama"]), "-o", "/tmp/tpq-g.json", "--inputs", "m.py:i"]),
+    ("plot_latency_split", lambda f: ["plot", "latency", "-o", "/tmp/tpq-l.svg", "--tp", "4"]),
+    ("plot_latency_int8", lambda f: ["plot", "latency", "-o", "/tmp/tpq-l.svg", "--precision", "int8"]),
+    ("plot_breakdown_kind", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o", "/tmp/tpq-b.svg",
+                                       "--kind", "mm"]),
 ]
 
 
@@ -187,6 +200,31 @@ def test_every_bad_input_is_one_line_and_exit_2(files: dict[str, Path]) -> None:
         if r.returncode != 2 or len(lines) != 1 or "Traceback" in r.stderr or not lines[0].startswith("error:"):
             bad.append(f"{name}: rc={r.returncode} stderr={r.stderr[-300:]!r}")
     assert not bad, "\n".join(bad)
+
+
+def test_graph_files_without_a_step_are_refused(tmp_path: Path) -> None:
+    """A graph file with no operators, no parameters or a tensor beyond any GPU is no training step: refused in
+    one line, not answered with an iteration of nothing; a zero --seq-len on a graph is refused, not read as
+    "the graph's"."""
+    pytest.importorskip("torch")
+    from tp_query.engine.predict import PredictRequest, graph_for
+    from tp_query.schema.precision import Setting
+
+    good = graph_for(PredictRequest(model=TINY_LLAMA, model_name="tiny", gpu="cpu", setting=Setting.BF16,
+                                    seq_len=64)).to_json()
+    cases = {"no_ops": {**good, "ops": []}, "no_params": {**good, "params": []},
+             "huge_param": {**good, "params": [[good["params"][0][0], [10**9, 10**9], *good["params"][0][2:]],
+                                               *good["params"][1:]]}}
+    for name, obj in cases.items():
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(obj))
+        r = _cli(["predict", str(p)])
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "not a valid graph file" in lines[0], (name, r.stderr)
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps(good))
+    r = _cli(["predict", str(ok), "--seq-len", "0"])
+    assert r.returncode == 2 and "--seq-len must be a positive integer" in r.stderr, r.stderr
 
 
 def test_graph_files_honour_or_refuse_every_flag(tmp_path: Path) -> None:
@@ -367,9 +405,9 @@ def test_an_ad_hoc_query_is_bounded_in_time_and_memory(shipped_copy: Path, monke
 
     monkeypatch.setattr(dbm, "USER_SQL_TIMEOUT_S", 0.5)
     d = Database("h200", shipped_copy)
-    with pytest.raises(DatabaseError, match="ran past 0.5 s"):
+    with pytest.raises(DatabaseError, match=r"ran past 0\.5 s"):
         d.user_sql("SELECT count(*) FROM range(1000000000000) a")
-    with pytest.raises(DatabaseError, match="(?i)out of memory"):
+    with pytest.raises(DatabaseError, match=r"(?i)out of memory"):
         d.user_sql("SELECT list(repeat('x', 1000000)) FROM range(100000)")
     assert d.user_sql("SELECT count(*) AS n FROM ops_ok").to_pylist()[0]["n"] > 0  # and the connection still answers
 
@@ -379,7 +417,6 @@ def test_a_report_refuses_runs_measured_on_another_gpu(tmp_path: Path) -> None:
     this GPU's database."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
     from tp_query.engine.validation import load_rows
     from tp_query.schema.tables import METADATA_KEY
 

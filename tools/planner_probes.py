@@ -3,7 +3,10 @@
                                                           against the event simulation (time, largest relative difference)
     .venv/bin/python tools/planner_probes.py templates   reading shipped template files (first 60, no compiled cache)
     .venv/bin/python tools/planner_probes.py workers     a parallel 8B search from an empty cache: each group a worker
-                                                          ran (candidates, seconds, when) and the pool's shutdown time"""
+                                                          ran (candidates, seconds, when) and the pool's shutdown time
+    .venv/bin/python tools/planner_probes.py gc [CACHE]  (notes 33) the 8B/64-GPU search in one process with the
+                                                          cyclic collector paused (as search does) and running,
+                                                          alternately, 3 processes each; CACHE: a warm cache folder"""
 from __future__ import annotations
 
 import json
@@ -76,5 +79,31 @@ def workers() -> None:
     print("\n".join(log))
 
 
+def gc_pause() -> None:
+    import subprocess
+
+    cache = sys.argv[2] if len(sys.argv) > 2 else ""
+    code = f"""
+import contextlib, json, os, sys, tempfile, time
+os.environ['TP_QUERY_CACHE'] = {cache!r} or tempfile.mkdtemp()
+from tp_query.engine import search as S
+from tp_query.engine.predict import Engine
+from tp_query.schema.precision import Setting
+if sys.argv[1] == 'running':
+    S.gc_paused = contextlib.nullcontext
+cfg = json.load(open('examples/llama3.1-8b.json'))
+t0 = time.perf_counter()
+S.search(Engine('h200'), cfg, S.SearchSpace(64, 512, 4096, precisions=tuple(Setting)), jobs=1)
+print(time.perf_counter() - t0)
+"""
+    times: dict[str, list[float]] = {"paused": [], "running": []}
+    for _ in range(3):
+        for mode in times:
+            r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, check=True)
+            times[mode].append(float(r.stdout.strip().splitlines()[-1]))
+    for mode, xs in times.items():
+        print(f"collector {mode}: min {min(xs):.2f} s, median {sorted(xs)[1]:.2f} s ({', '.join(f'{x:.2f}' for x in xs)})")
+
+
 if __name__ == "__main__":
-    {"pipeline": pipeline, "templates": templates, "workers": workers}[sys.argv[1]]()
+    {"pipeline": pipeline, "templates": templates, "workers": workers, "gc": gc_pause}[sys.argv[1]]()
