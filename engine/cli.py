@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from tp_query.engine.graph import GRAPH_FORMAT
 from tp_query.schema.gpus import UnknownGpu
 from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import ConfigError, load_model_file
@@ -74,6 +75,14 @@ def _system(ref: str | None) -> Any:
         raise UserError(str(e)) from None
 
 
+def _setting(name: str) -> Setting:
+    try:
+        return Setting(name)
+    except ValueError:
+        raise UserError(f"unknown precision setting {name!r}; choose from {', '.join(s.value for s in Setting)}"
+                        ) from None
+
+
 def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Setting | None, seq_len: int | None,
              micro_batch: int | None,
              global_batch: int | None, optimizer: str, sequence_parallel: bool, zero: int, recompute: str,
@@ -84,6 +93,9 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
     from tp_query.engine.predict import PredictRequest
 
     obj = load_model_file(model)
+    fmt = obj.get("format")
+    if isinstance(fmt, str) and fmt.startswith("tp-query-graph") and fmt != GRAPH_FORMAT:
+        raise UserError(f"{model}: a {fmt} graph; this engine reads {GRAPH_FORMAT} (trace it again)")
     meta = obj.get("meta") if obj.get("format", "").startswith("tp-query-graph") else None
     if isinstance(meta, dict):  # a graph file: what it was traced with, unless asked otherwise (then checked)
         precision = precision or Setting(meta.get("setting", "amp_bf16"))
@@ -508,10 +520,13 @@ def search(
             raise UserError("--price-per-gpu-hour prices a job: give its token budget with --tokens")
         if top < 0:
             raise UserError(f"--top must be 0 (every configuration) or more, got {top}")
-        precs = list(Setting) if precision and "all" in precision else [Setting(p) for p in (precision or ["amp_bf16"])]
+        precs = list(Setting) if precision and "all" in precision else [_setting(p) for p in (precision or ["amp_bf16"])]
         space = SearchSpace(gpus, global_batch, seq_len, tuple(precs), tuple(micro_batch or (1, 2, 4, 8)),
                             optimizer=optimizer, framework=framework)
         cfg = load_model_file(model)
+        if str(cfg.get("format", "")).startswith("tp-query-graph"):
+            raise UserError(f"{model} is a graph file, traced at one split and precision: search takes the "
+                            "model's config (config.json) and traces each candidate's graph")
         progress = _Progress("tracing and evaluating")
         prog = progress.update
 
@@ -603,7 +618,7 @@ def plot(
                 raise UserError("--kind applies to plot latency (operator latency against size), not to breakdown")
             from tp_query.engine.api import predict as api_predict
 
-            precs = [Setting(p) for p in precision] if precision else list(Setting)
+            precs = [_setting(p) for p in precision] if precision else list(Setting)
             if not precision:
                 import importlib.util
 
@@ -678,6 +693,8 @@ def report(
         from tp_query.engine.predict import Engine
         from tp_query.engine.validation import Study, load_rows, report_markdown, summary
 
+        if calibration_out is not None and not fit:
+            raise UserError("--calibration-out writes the fitted host model: it needs --fit (the default)")
         eng = Engine(gpu, db)
         rows = load_rows(validation, eng.gpu.name)
         if not rows:

@@ -278,6 +278,10 @@ class Database:
         """A user's ad-hoc query: exactly one SELECT (or WITH ... SELECT) statement, on a connection that can
         read only this database's folders, load no extension and change no setting."""
         try:
+            query.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DatabaseError("SQL error: the query is not valid UTF-8 text") from None
+        try:
             stmts = duckdb.extract_statements(query)
         except duckdb.Error as e:
             raise DatabaseError(f"SQL error: {first_line(e)}") from None

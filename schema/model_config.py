@@ -12,6 +12,7 @@ with a clear message; a user can still `tp-query trace` their module.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
@@ -275,6 +276,12 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, str]:
         return _nonneg_float("rope_theta", theta), str(params.get("rope_type", params.get("type", "default")))
     scaling = cfg.get("rope_scaling")
     rtype = "default"
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ConfigError(f"rope_scaling must be an object or null, got {scaling!r}"[:160])
+    if isinstance(scaling, dict) and "factor" in scaling:
+        f = scaling["factor"]
+        if isinstance(f, bool) or not isinstance(f, int | float) or not math.isfinite(f) or f <= 0:
+            raise ConfigError(f"rope_scaling.factor must be a positive number, got {f!r}"[:160])
     if isinstance(scaling, dict):
         rtype = str(scaling.get("rope_type", scaling.get("type", "default")))
     return _nonneg_float("rope_theta", cfg.get("rope_theta", 10000.0)), rtype
@@ -284,7 +291,12 @@ def identify(cfg: dict[str, Any]) -> tuple[ArchFamily, str]:
     archs = cfg.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise ConfigError("architectures must be a list of strings")
+    if archs is not None and len(set(archs)) > 1:  # transformers builds the first; the file names several models
+        raise ConfigError(f"architectures names {len(set(archs))} models ({', '.join(archs[:3])}): keep the one "
+                          "to predict")
     mt = cfg.get("model_type")
+    if mt is not None and not isinstance(mt, str):
+        raise ConfigError(f"model_type must be a string, got {mt!r}"[:160])
     for key in [*(archs or []), mt if isinstance(mt, str) else ""]:
         if key in REFUSED:
             raise ConfigError(f"{key}: {REFUSED[key]}; for such models use `tp-query trace`")
@@ -642,10 +654,26 @@ def load_model_file(path: str | Path) -> dict[str, Any]:
                           ) from None
     try:
         obj = json.loads(text, parse_constant=_no_constant)
+        if isinstance(obj, dict) and not str(obj.get("format", "")).startswith("tp-query-graph"):
+            json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)  # a config: keys once
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:  # the C parser's own depth guard
         raise ConfigError(f"{path}: JSON nested too deeply") from None
+    except ValueError as e:  # a key given twice, or an integer of thousands of digits
+        why = "an integer of thousands of digits, no model's" if "digits" in str(e) else first_line(e)
+        raise ConfigError(f"{path}: {why}") from None
     if not isinstance(obj, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return obj
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys appear once: a config that sets one twice has no single meaning (json keeps the
+    last silently)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} is given twice")
+        out[k] = v
+    return out

@@ -28,6 +28,10 @@ class SystemSpec:
     price_per_gpu_hour: float | None = None
 
 
+SYSTEM_KEYS = frozenset({"name", "gpu", "gpus_per_node", "nvlink_gbytes_per_s", "nvlink_latency_us",
+                         "network_gbytes_per_s", "network_latency_us", "price_per_gpu_hour"})
+
+
 def presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
@@ -61,6 +65,9 @@ def load_system(ref: str) -> SystemSpec:
     gpu = d.get("gpu")
     if not isinstance(gpu, str) or not gpu:
         raise SystemError_(f"{path}: gpu must name the GPU type (h200, h100, ...)")
+    unknown = sorted(set(d) - SYSTEM_KEYS)
+    if unknown:  # a misspelt key would silently drop what it was meant to set
+        raise SystemError_(f"{path}: unknown key {unknown[0]!r} (a system file has {', '.join(sorted(SYSTEM_KEYS))})")
     price = d.get("price_per_gpu_hour")
     return SystemSpec(
         name=str(d.get("name", path.stem)), gpu=gpu, gpus_per_node=gpn,

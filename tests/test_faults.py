@@ -64,12 +64,21 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "unknown_arch": cfg("u", architectures=["T5ForConditionalGeneration"], model_type="t5"),
         "arch_not_list": cfg("al", architectures="LlamaForCausalLM"),
         "unknown_act": cfg("act", hidden_act="swiglu9"),
+        "model_type_int": cfg("mt", model_type=5),
+        "rope_scaling_string": cfg("rs", rope_scaling="yes"),
+        "rope_factor_negative": cfg("rf", rope_scaling={"rope_type": "linear", "factor": -3}),
+        "two_architectures": cfg("ta", architectures=["LlamaForCausalLM", "MistralForCausalLM"]),
     }
     for name, text in (("empty", ""), ("not_json", "hidden_size: 4096"), ("json_array", "[1, 2, 3]"),
                        ("json_string", '"llama"'), ("deep_nesting", "[" * 100_000 + "]" * 100_000),
                        ("nan_literal", json.dumps(LLAMA)[:-1] + ', "rope_theta": NaN}'),
                        ("infinity_literal", json.dumps(LLAMA)[:-1] + ', "rope_theta": Infinity}'),
-                       ("missing_hidden", json.dumps({k: v for k, v in LLAMA.items() if k != "hidden_size"}))):
+                       ("missing_hidden", json.dumps({k: v for k, v in LLAMA.items() if k != "hidden_size"})),
+                       ("duplicate_key", json.dumps(LLAMA)[:-1] + ', "num_hidden_layers": 2}'),
+                       ("digits_5000", json.dumps(LLAMA)[:-1] + ', "max_position_embeddings": ' + "9" * 5000 + "}"),
+                       ("system_typo", 'name = "x"\ngpu = "h200"\ngpus_per_node = 8\nnvlink_gbytes_per_s = 450.0\n'
+                                       'nvlink_latency_us = 8.0\nnetwork_gbytes_per_s = 50.0\n'
+                                       'network_latency_us = 15.0\nprice_per_gpu_hourx = 3.5\n')):
         p = d / f"{name}.json"
         p.write_text(text)
         out[name] = p
@@ -117,7 +126,9 @@ BAD_INPUTS: list[tuple[str, object]] = [
         # config values no real model has, or of the wrong type
         "hidden_1e12", "layers_1e9", "heads_negative", "heads_not_dividing", "kv_not_dividing", "vocab_zero",
         "dims_as_strings", "dims_as_bool", "dims_as_float", "rope_negative", "tie_as_string", "unknown_arch",
-        "arch_not_list", "unknown_act")],
+        "arch_not_list", "unknown_act", "model_type_int", "rope_scaling_string", "rope_factor_negative",
+        "two_architectures", "duplicate_key", "digits_5000")],
+    ("system_unknown_key", lambda f: _predict(f, "llama", "--system", str(f["system_typo"]))),
     # flags
     ("micro_batch_zero", lambda f: _predict(f, "llama", "--micro-batch", "0")),
     ("micro_batch_1e11", lambda f: _predict(f, "llama", "--micro-batch", str(10**11))),
@@ -178,6 +189,11 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("trace_config_inputs", lambda f: ["trace", str(f["llama"]), "-o", "/tmp/tpq-g.json", "--inputs", "m.py:i"]),
     ("plot_latency_split", lambda f: ["plot", "latency", "-o", "/tmp/tpq-l.svg", "--tp", "4"]),
     ("plot_latency_int8", lambda f: ["plot", "latency", "-o", "/tmp/tpq-l.svg", "--precision", "int8"]),
+    ("search_graph_file", lambda f: ["search", str(f["graph_empty_meta"]), "--gpus", "8", "--global-batch", "8"]),
+    ("search_precision_int8", lambda f: ["search", str(f["llama"]), "--gpus", "8", "--global-batch", "8",
+                                         "--precision", "int8"]),
+    ("report_calibration_without_fit", lambda f: ["report", "--no-fit", "--calibration-out", "/tmp/tpq-cal.json",
+                                                  "--out", "/tmp/tpq-report.md"]),
     ("plot_breakdown_kind", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o", "/tmp/tpq-b.svg",
                                        "--kind", "mm"]),
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 import math
 import time
 import weakref
@@ -45,6 +46,9 @@ from . import cuda_composites as sdpa
 from .fp8 import convert_fp8
 from .models import COMM_SINK, Shard, build_model, section_modules
 from .torchargs import dtype_of, encode_call, resolve_op, torch_dtype
+
+# a meta kernel that fails logs its traceback at ERROR before it raises; the failure reaches the user as one line
+logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
 
 _ACC_GRAD_SEQ = 2**64 - 1
 BLOCK = 512  # the caching allocator rounds every block to 512 bytes
