@@ -101,6 +101,19 @@ def dist_cases(world: int) -> list[DistCase]:
             tp: int = 1, pp: int = 1, m: int = 1, profile: bool = False, **options: Any) -> None:
         if dp * tp * pp != world:
             return
+        # a split the cut model cannot take at this world size: more layers where the cut allows it (interleaved
+        # 1F1B runs two chunks per rank), else the case is left out rather than listed to fail on the GPUs
+        layers_key = "n_layer" if "n_layer" in cfg else "num_hidden_layers"
+        have, need = int(cfg[layers_key]), pp * (2 if kind == "pp_interleaved" else 1)
+        if need > have:
+            if any(isinstance(cfg.get(k), list) for k in ("layer_types", "mlp_layer_types", "no_rope_layers")):
+                return  # per-layer lists were cut with the model: they cannot grow back
+            cfg = {**cfg, layers_key: need}
+            model = model.replace(f"-L{have}", f"-L{need}")
+        heads, kv = int(cfg.get("num_attention_heads", 1)), int(cfg.get("num_key_value_heads", cfg.get(
+            "num_attention_heads", 1)))
+        if heads % tp or kv % tp or int(options.get("ep", 1)) > max(1, int(cfg.get("num_local_experts", 1))):
+            return
         opt = "".join(f"-{k}" if v is True else f"-{k}{v}" for k, v in sorted(options.items())
                       if v is True or (isinstance(v, int) and not isinstance(v, bool)))
         cid = f"{fw}-{kind}-{model}-dp{dp}-tp{tp}-pp{pp}-m{m}{opt}-{setting}"

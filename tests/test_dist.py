@@ -62,3 +62,25 @@ def test_campaign_lists_each_world_size_once_per_configuration() -> None:
     assert {(c.setting, c.micro_batches) for c in one} == {(s, m) for s in ("mp_bf16", "mp_fp16", "tf32")
                                                            for m in (1, 4)}
     assert {c.model for c in one} == {"llama3-8b-L4", "qwen2-7b-L4", "qwen3-8b-L4"}
+
+
+def test_every_listed_case_can_run_at_its_world_size() -> None:
+    """At 4 and 8 GPUs a cut model must take its split: enough layers for every pipeline stage (two chunks per
+    rank under interleaved 1F1B), heads and KV heads that divide by TP; the 2-GPU list is the one the measured
+    runs came from (no case id of theirs is lost)."""
+    import glob
+
+    from tp_query.collector.dist_validate import dist_cases
+
+    for world in (2, 4, 8):
+        for c in dist_cases(world):
+            layers = int(c.config.get("num_hidden_layers", c.config.get("n_layer", 0)))
+            assert layers >= c.pp * (2 if c.kind == "pp_interleaved" else 1), c.case_id
+            assert f"-L{layers}" in c.model, c.case_id
+            heads = int(c.config["num_attention_heads"])
+            assert heads % c.tp == 0 and int(c.config.get("num_key_value_heads", heads)) % c.tp == 0, c.case_id
+    listed = {c.case_id for c in dist_cases(2)}
+    measured = {x["case_id"] for f in glob.glob(str(ROOT / "data" / "validation" / "validation-dist-*.parquet"))
+                for x in pq.read_table(f, columns=["case_id", "dp", "tp", "pp"]).to_pylist()
+                if x["dp"] * x["tp"] * x["pp"] == 2}
+    assert measured and measured <= listed, sorted(measured - listed)[:5]
