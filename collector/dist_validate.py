@@ -75,13 +75,34 @@ class DistCase:
         return int(self.config["num_hidden_layers"])
 
 
+def fit_split(kind: str, model: str, cfg: dict[str, Any], tp: int, pp: int, ep: int = 1
+              ) -> tuple[str, dict[str, Any]] | None:
+    """The cut model a split can run: more layers where a pipeline needs them (two chunks per rank under
+    interleaved 1F1B) and the cut allows it; None where TP does not divide its heads or KV heads, EP its experts,
+    or per-layer lists (cut with the model) cannot grow back."""
+    layers_key = "n_layer" if "n_layer" in cfg else "num_hidden_layers"
+    have, need = int(cfg[layers_key]), pp * (2 if kind == "pp_interleaved" else 1)
+    if need > have:
+        if any(isinstance(cfg.get(k), list) for k in ("layer_types", "mlp_layer_types", "no_rope_layers")):
+            return None
+        cfg = {**cfg, layers_key: need}
+        model = model.replace(f"-L{have}", f"-L{need}")
+    heads = int(cfg.get("num_attention_heads", cfg.get("n_head", 1)))
+    kv = int(cfg.get("num_key_value_heads", heads))
+    if heads % tp or kv % tp or ep > max(1, int(cfg.get("num_local_experts", 1))):
+        return None
+    return model, cfg
+
+
 def tiny_cases(world: int, cfg: dict[str, Any]) -> list[DistCase]:
-    """The torch campaign on a tiny model (CPU with gloo in the tests)."""
+    """The torch campaign on a tiny model (CPU with gloo in the tests), each split the tiny model can take."""
     out = []
     for c in dist_cases(world):
         if c.framework == "torch" and c.model.startswith("llama3") and c.setting in ("tf32", "mp_bf16"):
-            out.append(dataclasses.replace(c, config=cfg, seq_len=64, model="tiny",
-                                           case_id=c.case_id.replace(c.model, "tiny")))
+            fitted = fit_split(c.kind, "tiny", cfg, c.tp, c.pp)
+            if fitted is not None:
+                out.append(dataclasses.replace(c, config=fitted[1], seq_len=64, model="tiny",
+                                               case_id=c.case_id.replace(c.model, "tiny")))
     return out
 
 
@@ -101,19 +122,10 @@ def dist_cases(world: int) -> list[DistCase]:
             tp: int = 1, pp: int = 1, m: int = 1, profile: bool = False, **options: Any) -> None:
         if dp * tp * pp != world:
             return
-        # a split the cut model cannot take at this world size: more layers where the cut allows it (interleaved
-        # 1F1B runs two chunks per rank), else the case is left out rather than listed to fail on the GPUs
-        layers_key = "n_layer" if "n_layer" in cfg else "num_hidden_layers"
-        have, need = int(cfg[layers_key]), pp * (2 if kind == "pp_interleaved" else 1)
-        if need > have:
-            if any(isinstance(cfg.get(k), list) for k in ("layer_types", "mlp_layer_types", "no_rope_layers")):
-                return  # per-layer lists were cut with the model: they cannot grow back
-            cfg = {**cfg, layers_key: need}
-            model = model.replace(f"-L{have}", f"-L{need}")
-        heads, kv = int(cfg.get("num_attention_heads", 1)), int(cfg.get("num_key_value_heads", cfg.get(
-            "num_attention_heads", 1)))
-        if heads % tp or kv % tp or int(options.get("ep", 1)) > max(1, int(cfg.get("num_local_experts", 1))):
+        fitted = fit_split(kind, model, cfg, tp, pp, int(options.get("ep", 1)))
+        if fitted is None:  # a split the cut model cannot take at this world size: left out, not listed to fail
             return
+        model, cfg = fitted
         opt = "".join(f"-{k}" if v is True else f"-{k}{v}" for k, v in sorted(options.items())
                       if v is True or (isinstance(v, int) and not isinstance(v, bool)))
         cid = f"{fw}-{kind}-{model}-dp{dp}-tp{tp}-pp{pp}-m{m}{opt}-{setting}"
