@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any, cast
 
 import numpy as np
-from tp_query.schema.model_config import VALIDATED_MODEL_TYPES, ArchFamily, family_label
+from tp_query.schema.model_config import VALIDATED_MODEL_TYPES, ArchFamily, config_notes, family_label
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import TensorSpec
 
@@ -131,7 +131,8 @@ class Assembled(StepSchedule):
                                      "(checked to be Megatron's column/row split) with DTensor's collectives and host "
                                      "costs as measured for the listed families; no TP run of a model type known only "
                                      "to transformers was measured")
-        self.warnings += [w for w in self.g.meta.extra.get("warnings", []) if w not in self.warnings]
+        self.warnings += [w for w in (*config_notes(self.req.model), *self.g.meta.extra.get("warnings", []))
+                          if w not in self.warnings]
         if self.eng.calibration_source.startswith("default"):
             self.warnings.append(f"host model: {self.eng.calibration_source}")
         if self.req.strict and (sources.get("extrapolated", 0) > 0 or sources.get("miss", 0) > 0):

@@ -11,6 +11,7 @@ with a clear message; a user can still `tp-query trace` their module.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import zlib
@@ -322,6 +323,7 @@ def identify(cfg: dict[str, Any]) -> tuple[ArchFamily, str]:
 
 
 def _parse_gpt2(cfg: dict[str, Any], name: str, family: ArchFamily, model_type: str) -> ModelSpec:
+    cfg, _ = with_class_defaults(cfg, model_type)
     h = _pos_int("n_embd", _need(cfg, "n_embd", "hidden_size"))
     heads = _pos_int("n_head", _need(cfg, "n_head", "num_attention_heads"))
     if h % heads:
@@ -387,7 +389,9 @@ def _layer_types(cfg: dict[str, Any], family: ArchFamily, model_type: str, n: in
 
 def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_type: str) -> ModelSpec:
     if model_type == "gemma3" and isinstance(cfg.get("text_config"), dict):  # the multimodal wrapper
-        cfg, model_type = {**cfg["text_config"], "model_type": "gemma3_text"}, "gemma3_text"
+        cfg, model_type = _unwrapped(cfg)[0], "gemma3_text"
+    raw = cfg  # what transformers is handed: it applies its defaults itself
+    cfg, _ = with_class_defaults(cfg, model_type, family)
     h = _pos_int("hidden_size", _need(cfg, "hidden_size"))
     heads = _pos_int("num_attention_heads", _need(cfg, "num_attention_heads"))
     kv = _pos_int("num_key_value_heads", _need(cfg, "num_key_value_heads", default=heads))
@@ -413,6 +417,9 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     sw = cfg.get("sliding_window")
     use_sw = cfg.get("use_sliding_window", model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"))
     window = _pos_int("sliding_window", sw) if (sw is not None and use_sw is not False) else None
+    if window is None and family in (ArchFamily.GEMMA2, ArchFamily.GEMMA3) and not isinstance(cfg.get("layer_types"), list):
+        raise ConfigError(f"{model_type}: sliding_window is null, but its layers alternate sliding and full attention "
+                          "(transformers cannot build it so): give the window size, or layer_types")
     layer_types = _layer_types(cfg, family, model_type, n_layers, window)
     if family == ArchFamily.TRANSFORMERS and "layer_types" not in cfg:
         chunk = with_depth_defaults(cfg).get("attention_chunk_size")
@@ -449,7 +456,7 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     # a model type known only to transformers keeps its own layer_types rule unless the config lists them (the
     # trace checks the parser's reading against it)
     given_types = layer_types if family != ArchFamily.TRANSFORMERS or "layer_types" in cfg else ()
-    hf_cfg = "" if native else json.dumps(_hf_config(cfg, model_type, given_types), sort_keys=True)
+    hf_cfg = "" if native else json.dumps(_hf_config(raw, model_type, given_types), sort_keys=True)
     return ModelSpec(
         name=name, family=family, model_type=model_type,
         vocab_size=vocab, hidden_size=h, num_layers=n_layers,
@@ -570,12 +577,99 @@ def _hf_config(cfg: dict[str, Any], model_type: str, layer_types: tuple[str, ...
     return out
 
 
+# The keys the parser reads whose absence transformers fills with its config class's default (the table is
+# schema/hf_config_defaults.json, written from transformers by tools/hf_config_defaults.py).
+DEFAULTED_KEYS: tuple[str, ...] = (
+    "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers", "vocab_size",
+    "intermediate_size", "hidden_act", "hidden_activation", "rms_norm_eps", "layer_norm_eps", "max_position_embeddings",
+    "tie_word_embeddings", "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window",
+    "sliding_window_pattern", "max_window_layers", "attention_dropout", "num_local_experts", "num_experts",
+    "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step",
+    "rope_theta", "pad_token_id", "n_embd", "n_head", "n_layer", "n_positions", "n_inner", "activation_function",
+    "layer_norm_epsilon", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+)
+# defaults that set a size or an attention pattern: a prediction names them (the rest are numerics and flags)
+_SIZE_KEYS = frozenset({
+    "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers", "vocab_size",
+    "intermediate_size", "sliding_window", "num_local_experts", "num_experts", "num_experts_per_tok",
+    "moe_intermediate_size", "shared_expert_intermediate_size", "n_embd", "n_head", "n_layer", "n_inner"})
+
+_WINDOW_KEYS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "sliding_window_pattern"})
+
+
+@functools.cache
+def hf_class_defaults() -> dict[str, Any]:
+    """The shipped table of transformers' config-class defaults (format, transformers version, per model type)."""
+    path = Path(__file__).with_name("hf_config_defaults.json")
+    table = json.loads(path.read_text())
+    if table.get("format") != "tp-query-hf-config-defaults/1":
+        raise ConfigError(f"{path.name}: unknown format {table.get('format')!r}")
+    return dict(table)
+
+
+def with_class_defaults(cfg: dict[str, Any], model_type: str, family: ArchFamily | None = None
+                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config with its model type's class defaults for the keys it leaves out (a key given as null keeps null,
+    as transformers passes None on), and the defaults taken. A model type known only to transformers keeps its
+    own rule for which layers slide (the trace checks the spec's reading against transformers' config object)."""
+    d = hf_class_defaults()["model_types"].get(model_type, {})
+    own = family == ArchFamily.TRANSFORMERS
+    taken = {k: v for k, v in d.items() if k not in cfg and not (own and k in _WINDOW_KEYS)}
+    return ({**cfg, **taken}, taken) if taken else (cfg, {})
+
+
+def _unwrapped(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The language model's config of a multimodal wrapper the parser reads (Llama-4, Gemma-3), and what was left
+    out ("" for a plain config)."""
+    mt = cfg.get("model_type")
+    if mt == "llama4" and isinstance(cfg.get("text_config"), dict):
+        # Llama-4 as published is its multimodal wrapper: its language model trains as Llama4ForCausalLM
+        return {**cfg["text_config"], "model_type": "llama4_text", "architectures": ["Llama4ForCausalLM"]}, "llama4"
+    if mt == "gemma3" and isinstance(cfg.get("text_config"), dict):
+        return {**cfg["text_config"], "model_type": "gemma3_text"}, "gemma3"
+    return cfg, ""
+
+
+def config_notes(cfg: Any) -> list[str]:
+    """What a prediction from this config assumes beyond what the file states: class defaults that set sizes, a
+    vision tower left out, settings that do not change what runs. Empty for a graph file or a config the parser
+    refuses (its refusal says why)."""
+    if not isinstance(cfg, dict) or str(cfg.get("format", "")).startswith("tp-query-graph"):
+        return []
+    try:
+        text, wrapper = _unwrapped(cfg)
+        family, model_type = identify(text)
+    except ConfigError:
+        return []
+    notes = []
+    if wrapper:
+        notes.append(f"{wrapper}: the language model alone (text_config) is predicted; the vision tower and its "
+                     "image tokens are not modelled")
+    _, taken = with_class_defaults(text, model_type, family)
+    sizes = {k: v for k, v in taken.items() if k in _SIZE_KEYS}
+    if sizes:
+        ver = hf_class_defaults().get("transformers", "?")
+        notes.append(f"{model_type}: not in the config, taken from transformers {ver}'s class defaults as "
+                     "transformers builds it: " + ", ".join(f"{k}={v}" for k, v in sorted(sizes.items())))
+    q = text.get("quantization_config", cfg.get("quantization_config"))
+    if isinstance(q, dict):
+        qm = q.get("quant_method", "?")
+        notes.append(f"quantization_config ({qm}) describes how the checkpoint is stored; training is predicted in the "
+                     "chosen precision setting with unquantized weights (quantized or adapter training is not "
+                     "modelled)")
+    cap = text.get("attn_logit_softcapping")
+    if cap is not None and family != ArchFamily.GPT2:
+        notes.append(f"attn_logit_softcapping {cap}: SDPA attention, which transformers builds by default, does not "
+                     "apply it, and it is predicted as run so (attn_implementation='eager' applies it, with eager "
+                     "attention's kernels and memory)")
+    return notes
+
+
 def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
     if not isinstance(cfg, dict):
         raise ConfigError("a model config must be a JSON object")
-    if cfg.get("model_type") == "llama4" and isinstance(cfg.get("text_config"), dict):
-        # Llama-4 as published is its multimodal wrapper: its language model trains as Llama4ForCausalLM
-        cfg = {**cfg["text_config"], "model_type": "llama4_text", "architectures": ["Llama4ForCausalLM"]}
+    if cfg.get("model_type") == "llama4":
+        cfg, _ = _unwrapped(cfg)
     family, model_type = identify(cfg)
     if family == ArchFamily.GPT2:
         return _parse_gpt2(cfg, name, family, model_type)

@@ -68,12 +68,13 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "rope_scaling_string": cfg("rs", rope_scaling="yes"),
         "rope_factor_negative": cfg("rf", rope_scaling={"rope_type": "linear", "factor": -3}),
         "two_architectures": cfg("ta", architectures=["LlamaForCausalLM", "MistralForCausalLM"]),
+        "gemma2_window_null": cfg("g2", architectures=["Gemma2ForCausalLM"], model_type="gemma2", sliding_window=None),
     }
     for name, text in (("empty", ""), ("not_json", "hidden_size: 4096"), ("json_array", "[1, 2, 3]"),
                        ("json_string", '"llama"'), ("deep_nesting", "[" * 100_000 + "]" * 100_000),
                        ("nan_literal", json.dumps(LLAMA)[:-1] + ', "rope_theta": NaN}'),
                        ("infinity_literal", json.dumps(LLAMA)[:-1] + ', "rope_theta": Infinity}'),
-                       ("missing_hidden", json.dumps({k: v for k, v in LLAMA.items() if k != "hidden_size"})),
+                       ("hidden_null", json.dumps({**LLAMA, "hidden_size": None})),  # left out: the class default
                        ("duplicate_key", json.dumps(LLAMA)[:-1] + ', "num_hidden_layers": 2}'),
                        ("digits_5000", json.dumps(LLAMA)[:-1] + ', "max_position_embeddings": ' + "9" * 5000 + "}"),
                        ("system_typo", 'name = "x"\ngpu = "h200"\ngpus_per_node = 8\nnvlink_gbytes_per_s = 450.0\n'
@@ -121,13 +122,13 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("missing_file", lambda f: ["predict", "/nonexistent/config.json"]),
     *[(n, functools.partial(_predict_file, n)) for n in (
         "empty", "not_json", "json_array", "json_string", "deep_nesting", "nan_literal", "infinity_literal",
-        "missing_hidden", "bad_utf8", "binary_garbage", "gzip_bomb", "truncated_gzip", "huge_file",
+        "hidden_null", "bad_utf8", "binary_garbage", "gzip_bomb", "truncated_gzip", "huge_file",
         "dir_without_config", "graph_empty_meta",
         # config values no real model has, or of the wrong type
         "hidden_1e12", "layers_1e9", "heads_negative", "heads_not_dividing", "kv_not_dividing", "vocab_zero",
         "dims_as_strings", "dims_as_bool", "dims_as_float", "rope_negative", "tie_as_string", "unknown_arch",
         "arch_not_list", "unknown_act", "model_type_int", "rope_scaling_string", "rope_factor_negative",
-        "two_architectures", "duplicate_key", "digits_5000")],
+        "two_architectures", "duplicate_key", "digits_5000", "gemma2_window_null")],
     ("system_unknown_key", lambda f: _predict(f, "llama", "--system", str(f["system_typo"]))),
     # flags
     ("micro_batch_zero", lambda f: _predict(f, "llama", "--micro-batch", "0")),

@@ -1,0 +1,125 @@
+"""A key a config leaves out means what transformers' config class makes of it (schema/hf_config_defaults.json)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from tp_query.schema.model_config import ArchFamily, config_notes, hf_class_defaults, parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+SAME_VERSION = transformers.__version__ == hf_class_defaults()["transformers"]
+
+
+def _tool() -> object:
+    spec = importlib.util.spec_from_file_location("hf_config_defaults", ROOT / "tools" / "hf_config_defaults.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(not SAME_VERSION, reason="the shipped table was written from another transformers version")
+def test_shipped_table_is_transformers_own() -> None:
+    assert _tool().table() == hf_class_defaults()  # type: ignore[attr-defined]
+
+
+# minimal configs: the keys a user's hand-written file might keep, everything else left to the class
+MINIMAL = {
+    "gemma": {"model_type": "gemma", "hidden_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 8,
+              "num_key_value_heads": 1, "intermediate_size": 16384},
+    "gemma2": {"model_type": "gemma2", "hidden_size": 3584, "num_hidden_layers": 2, "num_attention_heads": 16,
+               "num_key_value_heads": 8, "intermediate_size": 14336},
+    "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 2560, "num_hidden_layers": 2, "intermediate_size": 10240},
+    "mistral": {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 2, "intermediate_size": 14336},
+    "qwen3": {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16,
+              "num_key_value_heads": 8, "intermediate_size": 3072},
+    "llama": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 16,
+              "intermediate_size": 8192},
+    "qwen2_moe": {"model_type": "qwen2_moe", "num_hidden_layers": 2},
+    "mixtral": {"model_type": "mixtral", "num_hidden_layers": 2},
+    "gpt2": {"model_type": "gpt2", "n_layer": 2},
+}
+
+
+@pytest.mark.skipif(not SAME_VERSION, reason="the shipped table was written from another transformers version")
+@pytest.mark.parametrize("mt", sorted(MINIMAL))
+def test_sizes_are_what_transformers_builds(mt: str) -> None:
+    cfg = MINIMAL[mt]
+    spec = parse_config(dict(cfg))
+    obj = transformers.AutoConfig.for_model(**cfg)
+    if mt == "gpt2":
+        assert (spec.hidden_size, spec.num_heads, spec.vocab_size) == (obj.n_embd, obj.n_head, obj.vocab_size)
+        return
+    head_dim = getattr(obj, "head_dim", None) or obj.hidden_size // obj.num_attention_heads
+    got = (spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.vocab_size,
+           spec.tie_word_embeddings)
+    want = (obj.hidden_size, obj.num_attention_heads, obj.num_key_value_heads, head_dim, obj.vocab_size,
+            obj.tie_word_embeddings)
+    assert got == want
+    window = getattr(obj, "sliding_window", None) if getattr(obj, "use_sliding_window", True) else None
+    assert (spec.sliding_window is not None) == (window is not None and any(
+        t == "sliding_attention" for t in getattr(obj, "layer_types", None) or ["sliding_attention"]))
+
+
+def test_gemma_head_size_is_the_class_default_not_hidden_over_heads() -> None:
+    # Gemma-2-9B as a user might write it: no head_dim. transformers builds 256-wide heads (3584 / 16 = 224).
+    spec = parse_config(dict(MINIMAL["gemma2"]))
+    assert spec.head_dim == 256 and spec.family == ArchFamily.GEMMA2
+    # a stated value wins, and null keeps transformers' derivation
+    assert parse_config({**MINIMAL["gemma2"], "head_dim": 128}).head_dim == 128
+    assert parse_config({**MINIMAL["mistral"], "num_key_value_heads": None}).num_kv_heads == 32
+    assert parse_config(dict(MINIMAL["mistral"])).num_kv_heads == 8
+
+
+def test_hub_gemma3_multimodal_wrapper_reads_its_text_model() -> None:
+    # google/gemma-3-4b-it's config.json states six keys of its text_config
+    hub = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+           "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                           "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                           "sliding_window": 1024},
+           "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}}
+    spec = parse_config(hub)
+    example = parse_config(json.loads((ROOT / "examples" / "gemma3-4b.json").read_text()))
+    assert (spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.vocab_size) == (
+        example.num_heads, example.num_kv_heads, example.head_dim, example.vocab_size) == (8, 4, 256, 262208)
+    notes = config_notes(hub)
+    assert any("vision tower" in n for n in notes)
+    assert any("head_dim=256" in n and "num_attention_heads=8" in n for n in notes)
+
+
+def test_notes_name_what_a_config_states_but_does_not_change() -> None:
+    full = json.loads((ROOT / "examples" / "llama3.1-8b.json").read_text())
+    assert config_notes(full) == []
+    q = config_notes({**full, "quantization_config": {"quant_method": "fp8"}})
+    assert len(q) == 1 and "fp8" in q[0] and "quantization_config" in q[0]
+    cap = config_notes({**MINIMAL["gemma2"], "attn_logit_softcapping": 50.0})
+    assert any("attn_logit_softcapping 50.0" in n for n in cap)
+    assert config_notes({"format": "tp-query-graph/9"}) == [] and config_notes([1]) == []
+
+
+def test_model_types_known_only_to_transformers_keep_their_file() -> None:
+    # such a type's module is built by transformers from the config as given (its own defaults apply there); the
+    # spec reads the class's defaults (sizes dimension templates; tied embeddings put a copy on PP's last stage),
+    # and the file's keys go to transformers unchanged
+    cfg = {"model_type": "starcoder2", "num_hidden_layers": 2}
+    spec = parse_config(dict(cfg))
+    obj = transformers.AutoConfig.for_model(**cfg)
+    assert spec.family == ArchFamily.TRANSFORMERS
+    assert (spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.vocab_size, spec.tie_word_embeddings) == (
+        obj.hidden_size, obj.num_attention_heads, obj.num_key_value_heads, obj.vocab_size, obj.tie_word_embeddings)
+    hf = json.loads(spec.hf_config)
+    assert {k for k in hf if k not in ("use_cache",)} == set(cfg)
+    # which layers slide stays transformers' own rule (dots1's class has a window its default layers do not use)
+    assert parse_config({"model_type": "dots1", "num_hidden_layers": 2}).sliding_window is None
+
+
+def test_a_left_out_size_is_the_class_default_and_the_answer_says_so() -> None:
+    full = json.loads((ROOT / "examples" / "llama3.1-8b.json").read_text())
+    cut = {k: v for k, v in full.items() if k != "hidden_size"}
+    assert parse_config(cut).hidden_size == transformers.LlamaConfig().hidden_size
+    assert any("hidden_size=4096" in n for n in config_notes(cut))
