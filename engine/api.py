@@ -6,20 +6,28 @@
     r = search("examples/llama3.1-70b.json", gpus=64, global_batch=512, seq_len=4096, tokens=2e12,
                price_per_gpu_hour=3.5)                                # -> SearchResult
     r.to_polars().head()
+
+Every refusal (bad input, data it will not read) is a `TpQueryError` with a one-line message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tp_query.schema.model_config import load_model_file
+from tp_query.schema.messages import TpQueryError
+from tp_query.schema.model_config import ConfigError, load_model_file
 from tp_query.schema.precision import Setting
 
 from .parallel import ParallelConfig
 from .predict import Engine, PredictError, Prediction, PredictRequest
-from .search import SearchResult, SearchSpace
+from .request import parse_setting
+from .search import SearchError, SearchResult, SearchSpace
 from .search import search as _search
+
+__all__ = ["ParallelConfig", "Prediction", "SearchResult", "TpQueryError", "engine", "predict", "prediction_frame",
+           "search"]
 
 _ENGINES: dict[tuple[str, str | None, str | None], Engine] = {}
 
@@ -33,48 +41,68 @@ def engine(gpu: str = "h200", db: str | None = None, torch_version: str | None =
 
 
 def _model(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
+    if isinstance(model, str) and model.lstrip().startswith("{"):
+        raise ConfigError("model is JSON text: pass json.loads(text) (a dict) or the path of a config.json")
+    if not isinstance(model, str | Path | dict):
+        raise ConfigError(f"model must be a path or a config dict, got {type(model).__name__}")
     if isinstance(model, dict):
         return model, str(model.get("_name_or_path") or model.get("model_type") or "model")
     p = Path(model)
     return load_model_file(p), (p.parent.name if p.name == "config.json" else p.stem)
 
 
-_DEFAULT_SPLIT = ParallelConfig()
-
-
 def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | None = None,
-            precision: str | Setting = Setting.AMP_BF16, dp: int = 1, tp: int = 1, pp: int = 1,
-            micro_batch: int = 1, global_batch: int | None = None, seq_len: int = 4096, optimizer: str = "adamw",
-            sequence_parallel: bool = False, zero: int = 0, recompute: bool = False, strict: bool = False,
-            with_ops: bool = False, framework: str = "torch", pp_schedule: str = "1f1b",
-            ddp_bucket_view: bool = False, ep: int = 1, moe_imbalance: float = 1.0,
-            parallel: ParallelConfig | None = None, torch_version: str | None = None) -> Prediction:
-    """One prediction; the split as keywords, or as a ParallelConfig (`parallel=`), not both."""
+            precision: str | Setting = Setting.AMP_BF16, dp: int | None = None, tp: int | None = None,
+            pp: int | None = None, micro_batch: int | None = None, global_batch: int | None = None,
+            seq_len: int = 4096, optimizer: str = "adamw", sequence_parallel: bool | None = None,
+            zero: int | None = None, recompute: bool | None = None, strict: bool = False, with_ops: bool = False,
+            framework: str | None = None, pp_schedule: str | None = None, ddp_bucket_view: bool | None = None,
+            ep: int | None = None, moe_imbalance: float = 1.0, parallel: ParallelConfig | None = None,
+            torch_version: str | None = None) -> Prediction:
+    """One prediction; the split as keywords (those left out take ParallelConfig's defaults: DP=TP=PP=1, ...), or
+    as a ParallelConfig (`parallel=`), not both. Every refusal is a TpQueryError with a one-line message."""
     cfg, name = _model(model)
-    split = dict(dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
-                 sequence_parallel=sequence_parallel, zero=zero, recompute=recompute, pp_schedule=pp_schedule,
-                 framework=framework, ddp_bucket_view=ddp_bucket_view, ep=ep)
+    split = {k: v for k, v in dict(
+        dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
+        sequence_parallel=sequence_parallel, zero=zero, recompute=recompute, pp_schedule=pp_schedule,
+        framework=framework, ddp_bucket_view=ddp_bucket_view, ep=ep).items() if v is not None}
     if parallel is not None:
-        given = [k for k, v in split.items() if v != getattr(_DEFAULT_SPLIT, k)]
-        if given:
-            raise PredictError(f"the split is given twice: parallel= and {', '.join(given)}=; pass one of them")
+        if not isinstance(parallel, ParallelConfig):
+            raise PredictError(f"parallel= must be a ParallelConfig (or pass the split as keywords), got "
+                               f"{type(parallel).__name__}")
+        if split:
+            raise PredictError(f"the split is given twice: parallel= and {', '.join(split)}=; pass one of them")
         par = parallel
     else:
         par = ParallelConfig(**split)  # type: ignore[arg-type]
-    req = PredictRequest(model=cfg, model_name=name, gpu=gpu, setting=Setting(precision), parallel=par,
+    req = PredictRequest(model=cfg, model_name=name, gpu=gpu, setting=parse_setting(precision), parallel=par,
                          seq_len=seq_len, optimizer=optimizer, strict=strict, db_root=db,
                          moe_imbalance=moe_imbalance, torch_version=torch_version)
     return engine(gpu, db, torch_version).predict(req, with_ops=with_ops, host_range=True)
 
 
+def _distinct(what: str, values: Any, parse: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """A list option's values, each once in the order given; a bare string or an empty list is refused."""
+    if isinstance(values, str | bytes) or not isinstance(values, list | tuple):
+        raise SearchError(f"{what} must be a list, got {values!r}"[:200])
+    if not values:
+        raise SearchError(f"{what} is empty: give at least one")
+    return tuple(dict.fromkeys(parse(v) for v in values))
+
+
 def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, seq_len: int = 4096,
-           precisions: list[str | Setting] | None = None, gpu: str = "h200", db: str | None = None,
-           tokens: float | None = None, price_per_gpu_hour: float | None = None, optimizer: str = "adamw",
-           micro_batches: tuple[int, ...] = (1, 2, 4, 8), framework: str = "torch",
-           torch_version: str | None = None, jobs: int | None = None) -> SearchResult:
+           precisions: list[str | Setting] | tuple[str | Setting, ...] = (Setting.AMP_BF16,), gpu: str = "h200",
+           db: str | None = None, tokens: float | None = None, price_per_gpu_hour: float | None = None,
+           optimizer: str = "adamw", micro_batches: tuple[int, ...] | list[int] = (1, 2, 4, 8),
+           framework: str = "torch", torch_version: str | None = None, jobs: int | None = None) -> SearchResult:
+    """Every parallel configuration of `gpus` GPUs for this global batch, ranked. The price needs `tokens` (a cost
+    is job hours x GPUs x price). With jobs > 1 the candidates are evaluated in spawned processes, which import
+    the calling script again: a script that calls search at top level needs `if __name__ == "__main__":`."""
     cfg, name = _model(model)
-    space = SearchSpace(gpus, global_batch, seq_len,
-                        tuple(Setting(p) for p in (precisions or [Setting.AMP_BF16])), micro_batches,
+    if price_per_gpu_hour is not None and tokens is None:
+        raise SearchError("price_per_gpu_hour prices a job: give tokens= too (job hours = tokens / tokens per second)")
+    space = SearchSpace(gpus, global_batch, seq_len, _distinct("precisions", precisions, parse_setting),
+                        _distinct("micro_batches", micro_batches, lambda m: m),
                         optimizer=optimizer, framework=framework)
     return _search(engine(gpu, db, torch_version), cfg, space, tokens, price_per_gpu_hour, name, jobs=jobs)
 

@@ -6,6 +6,7 @@ Every error a user can fix is one line on stderr with exit code 2 (no traceback)
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -509,6 +510,13 @@ def search(
 
         if output is not None and output.suffix not in (".parquet", ".csv"):
             raise UserError(f"--output must end in .parquet or .csv, got {output.name!r}")
+        if output is not None:  # refused now, not after the search
+            parent = output.parent if str(output.parent) else Path(".")
+            if not parent.is_dir():
+                raise UserError(f"--output {output}: folder {parent} does not exist")
+            if (output.exists() and (not output.is_file() or not os.access(output, os.W_OK))) or \
+                    not os.access(parent, os.W_OK):
+                raise UserError(f"--output {output}: cannot write there")
         if emit not in (None, "torchrun", "megatron"):
             raise UserError(f"--emit must be torchrun or megatron, got {emit!r}")
         if emit is not None and as_json:
@@ -535,8 +543,9 @@ def search(
             price = price_per_gpu_hour if price_per_gpu_hour is not None else (
                 sysspec.price_per_gpu_hour if sysspec else None)
             with progress:
+                # the rows shown with --json carry their sources and warnings; the table names #1's
                 res = run_search(Engine(gpu, db, sysspec, torch_version), cfg, space, tokens, price, model.stem,
-                                 prog, jobs=jobs)
+                                 prog, jobs=jobs, explain=(top or 10) if as_json else 1)
         except SearchError as e:
             raise UserError(str(e)) from None
         if not res.ranked:
@@ -582,6 +591,11 @@ def search(
             if o.cost is not None:
                 line += f" {o.cost:>12,.0f}"
             lines.append(line)
+        best = res.ranked[0]
+        if best.sources:
+            srcs = ", ".join(f"{k} {v:.1%}" for k, v in sorted(best.sources.items(), key=lambda kv: -kv[1]) if v > 0)
+            lines.append(f"#1's time comes from: {srcs}")
+            lines += [f"#1 warning: {w}" for w in best.warnings]
         if show_unfit:
             lines.append("")
             lines.append("not evaluated or not fitting:")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tp_query.schema import manifest
+from tp_query.schema.messages import TpQueryError
 
 SNAPSHOT_VERSION = 1
 DB_ENV = "TP_QUERY_DB"
@@ -37,7 +38,7 @@ def default_root() -> Path | str:
     return Path(__file__).resolve().parent.parent / "data"
 
 
-class DatabaseError(RuntimeError):
+class DatabaseError(TpQueryError, RuntimeError):
     """Missing or unusable profile data (one line for the user)."""
 
 

@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from tp_query.schema.messages import TpQueryError
 
 
-class CalibrationError(ValueError):
+class CalibrationError(TpQueryError):
     """A calibration file that cannot be used (one line for the user)."""
 
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
+from tp_query.schema.messages import TpQueryError
 
-class PlanError(ValueError):
+_LABEL = {"dp": "DP", "tp": "TP", "pp": "PP", "ep": "EP", "micro_batch": "micro-batch", "global_batch": "global batch",
+          "zero": "ZeRO stage"}
+
+
+class PlanError(TpQueryError):
     """An impossible parallel configuration (one line for the user)."""
 
 
@@ -29,7 +35,32 @@ class ParallelConfig:
     ep: int = 1  # expert parallelism (MoE, Megatron-Core): experts split over ep of the DP ranks
 
     def __post_init__(self) -> None:
+        self._normalise()
         self.validate()
+
+    _INTS: ClassVar[tuple[str, ...]] = ("dp", "tp", "pp", "micro_batch", "global_batch", "zero", "ep")
+    _BOOLS: ClassVar[tuple[str, ...]] = ("sequence_parallel", "recompute", "ddp_bucket_view")
+    _STRS: ClassVar[tuple[str, ...]] = ("pp_schedule", "framework")
+
+    def _normalise(self) -> None:
+        """Each field of its own type: an integer (numpy's too, kept as int), a bool (numpy's too), a string. A
+        string "no" for a bool or 2.0 for a degree is refused, not read as true or truncated."""
+        for name in self._INTS:
+            v = getattr(self, name)
+            if v is None and name == "global_batch":
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                what = "an integer 0..3" if name == "zero" else "a positive integer"
+                raise PlanError(f"{_LABEL.get(name, name)} must be {what}, got {v!r}"[:200])
+            object.__setattr__(self, name, int(v))
+        for name in self._BOOLS:
+            v = getattr(self, name)
+            if type(v).__name__ not in ("bool", "bool_"):
+                raise PlanError(f"{name} must be True or False, got {v!r}"[:200])
+            object.__setattr__(self, name, bool(v))
+        for name in self._STRS:
+            if not isinstance(getattr(self, name), str):
+                raise PlanError(f"{name} must be a string, got {getattr(self, name)!r}"[:200])
 
     @property
     def gpus(self) -> int:
@@ -42,8 +73,12 @@ class ParallelConfig:
 
     @property
     def micro_batches(self) -> int:
-        gb = self.global_batch or self.dp * self.micro_batch
-        return gb // (self.dp * self.micro_batch)
+        return self.batch // (self.dp * self.micro_batch)
+
+    @property
+    def batch(self) -> int:
+        """Sequences per optimizer step (the global batch)."""
+        return self.dp * self.micro_batch if self.global_batch is None else self.global_batch
 
     # beyond any cluster or batch anyone plans: bigger is a typo or hostile input
     LIMITS: ClassVar[dict[str, int]] = {"DP": 1 << 20, "TP": 1 << 12, "PP": 1 << 12, "EP": 1 << 12,
@@ -59,14 +94,14 @@ class ParallelConfig:
     def validate(self) -> None:
         for name, v in (("DP", self.dp), ("TP", self.tp), ("PP", self.pp), ("EP", self.ep),
                         ("micro-batch", self.micro_batch),
-                        ("global batch", self.global_batch or self.dp * self.micro_batch)):
+                        ("global batch", self.batch)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise PlanError(f"{name} must be a positive integer, got {v!r}")
             if v > self.LIMITS[name]:
                 raise PlanError(f"{name} {v} is beyond any real job (at most {self.LIMITS[name]})")
         if self.micro_batches > 1 << 20:
             raise PlanError(f"{self.micro_batches} micro-batches per step is beyond any real job")
-        gb = self.global_batch or self.dp * self.micro_batch
+        gb = self.batch
         if gb <= 0 or gb % (self.dp * self.micro_batch):
             raise PlanError(f"global batch {gb} is not a multiple of DP x micro-batch = {self.dp * self.micro_batch}")
         if self.zero not in (0, 1, 2, 3):

@@ -138,7 +138,7 @@ class Assembled(StepSchedule):
         if self.req.strict and (sources.get("extrapolated", 0) > 0 or sources.get("miss", 0) > 0):
             raise PredictError(f"--strict: {sources['extrapolated'] + sources['miss']:.1%} of the time would come "
                                "from extrapolation or misses")
-        gb = par.global_batch or par.dp * par.micro_batch
+        gb = par.batch
         tokens = self.tokens_per_step()
         flops = self._flops(total_us, gb)
         return Prediction(
@@ -175,7 +175,7 @@ class Assembled(StepSchedule):
         par = self.par
         if self.g.meta.source == "module":  # its own batch of token ids per micro-batch (0 when it has none)
             return par.dp * par.micro_batches * self.g.meta.micro_batch * self.g.meta.seq_len
-        return (par.global_batch or par.dp * par.micro_batch) * self.g.meta.seq_len
+        return (par.batch) * self.g.meta.seq_len
 
     def plan_numbers(self) -> tuple[float, dict[str, float], MemoryBreakdown, bool]:
         """What a planner ranks by, without the rest of the answer (sources, warnings, FLOPs, configuration):
@@ -273,7 +273,7 @@ class Assembled(StepSchedule):
         r, par = self.req, self.par
         return {"model": r.model_name, "gpu": self.eng.gpu.name, "precision": self.g.meta.setting, "dp": par.dp,
                 "tp": par.tp, "pp": par.pp, "ep": par.ep, "micro_batch": par.micro_batch,
-                "global_batch": par.global_batch or par.dp * par.micro_batch, "micro_batches": par.micro_batches,
+                "global_batch": par.batch, "micro_batches": par.micro_batches,
                 "seq_len": self.g.meta.seq_len, "optimizer": r.optimizer, "sequence_parallel": par.sequence_parallel,
                 "zero": par.zero, "recompute": "full" if par.recompute else "none", "gpus": par.gpus,
                 "layers": self.g.meta.model.get("num_layers"), "host_model": asdict(host),

@@ -3,9 +3,12 @@ the one-line refusal (PredictError), and the bounds a request is checked against
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tp_query.schema.messages import TpQueryError
 from tp_query.schema.precision import SETTINGS, Setting
 
 from .parallel import ParallelConfig
@@ -15,7 +18,7 @@ MAX_SEQ = 1 << 22  # 4M tokens of context
 MAX_TOKENS = 1 << 24  # tokens in one micro-batch
 
 
-class PredictError(ValueError):
+class PredictError(TpQueryError):
     """Bad input for a prediction (one line for the user)."""
 
 
@@ -34,6 +37,36 @@ class PredictRequest:
     db_root: str | None = None
     moe_imbalance: float = 1.0  # MoE routing: the busiest expert's rows over the mean (1: balanced)
     torch_version: str | None = None  # whose operator rows answer (default: the database's primary stack)
+
+    def __post_init__(self) -> None:
+        """Each field of its own type (an API caller's "2" or a dict for the split is refused in one line)."""
+        if not isinstance(self.model, dict):
+            raise PredictError(f"model must be a config or graph object (a dict), got {type(self.model).__name__}")
+        if not isinstance(self.setting, Setting):
+            raise PredictError(f"setting must be a Setting, got {self.setting!r}"[:200])
+        if not isinstance(self.parallel, ParallelConfig):
+            raise PredictError(f"parallel must be a ParallelConfig, got {type(self.parallel).__name__}")
+        imb = self.moe_imbalance
+        if isinstance(imb, bool) or not isinstance(imb, numbers.Real) or not math.isfinite(imb) or imb < 1:
+            raise PredictError(f"moe_imbalance must be a number >= 1 (the busiest expert's tokens over the mean), "
+                               f"got {imb!r}"[:200])
+        object.__setattr__(self, "moe_imbalance", float(imb))
+        if type(self.strict).__name__ not in ("bool", "bool_"):
+            raise PredictError(f"strict must be True or False, got {self.strict!r}"[:200])
+        for name in ("gpu", "optimizer", "model_name"):
+            if not isinstance(getattr(self, name), str):
+                raise PredictError(f"{name} must be a string, got {getattr(self, name)!r}"[:200])
+
+
+def parse_setting(value: object) -> Setting:
+    """A precision setting by its name (a Setting passes through); an unknown one is refused with the list."""
+    if isinstance(value, Setting):
+        return value
+    try:
+        return Setting(value)
+    except ValueError:
+        raise PredictError(f"unknown precision setting {value!r}; choose from {', '.join(s.value for s in Setting)}"
+                           [:300]) from None
 
 
 def setting_refusal(setting: Setting, par: ParallelConfig) -> str:

@@ -17,16 +17,18 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from tp_query.schema.messages import TpQueryError
 from tp_query.schema.model_config import ModelSpec, parse_config
 from tp_query.schema.precision import Setting
 
 from .graph import Graph
-from .parallel import ParallelConfig
+from .lookup import Source
+from .parallel import ParallelConfig, PlanError
 from .predict import Engine, PredictError, PredictRequest
 from .request import OPTIMIZERS, setting_refusal
 
 
-class SearchError(ValueError):
+class SearchError(TpQueryError):
     """No configuration can be evaluated (one line for the user)."""
 
 
@@ -70,6 +72,10 @@ class Outcome:
     breakdown: dict[str, float] = field(default_factory=dict)
     job_hours: float | None = None
     cost: float | None = None
+    # where the time comes from and what the answer assumes, as `predict` says them: filled for the best ranked
+    # configurations (search(..., explain=N)); empty elsewhere
+    sources: dict[str, float] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
     def row(self) -> dict[str, Any]:
         c = asdict(self.candidate.parallel)
@@ -77,7 +83,9 @@ class Outcome:
         return {**c, "label": self.candidate.label(), "iteration_ms": self.iteration_ms,
                 "tokens_per_s": self.tokens_per_s, "peak_memory_gib": self.peak_memory_gib, "fits": self.fits,
                 "reason": self.reason, "job_hours": self.job_hours, "cost": self.cost,
-                **{f"{k}": v for k, v in self.breakdown.items()}}
+                **{f"{k}": v for k, v in self.breakdown.items()},
+                **{f"source_{k.value.replace('-', '_')}": self.sources.get(k.value) for k in Source},
+                "warnings": " | ".join(self.warnings) if self.sources else None}
 
 
 @dataclass
@@ -128,16 +136,20 @@ def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate,
             eps = [e for e in _divisors(dp) if spec.num_experts % e == 0] \
                 if spec.is_moe and space.framework == "megatron" else [1]
             for ep in eps:
-                c = Candidate(prec, ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb,
-                                                   global_batch=space.global_batch, sequence_parallel=sp, zero=z,
-                                                   recompute=rc, framework=space.framework, ep=ep))
+                try:
+                    par = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb, global_batch=space.global_batch,
+                                         sequence_parallel=sp, zero=z, recompute=rc, framework=space.framework, ep=ep)
+                except PlanError:
+                    continue  # beyond any real job (PP of thousands of stages): not a candidate
+                c = Candidate(prec, par)
                 yield c, invalid_reason(spec, c, space)
 
 
 def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: float | None = None,
            price_per_gpu_hour: float | None = None, name: str = "model",
-           progress: Callable[[int, int], None] | None = None, jobs: int | None = None) -> SearchResult:
-    """jobs: processes that trace the uncached graphs first, then evaluate the candidates, those of one precision
+           progress: Callable[[int, int], None] | None = None, jobs: int | None = None,
+           explain: int = 10) -> SearchResult:
+    """explain: how many of the best configurations carry their prediction's sources and warnings. jobs: processes that trace the uncached graphs first, then evaluate the candidates, those of one precision
     and TP degree in one process (None or 0: the machine's cores, at most 8; 1: this process alone, each graph
     traced when its first candidate needs it). The outcomes do not depend on it."""
     for what, v, low, top in (("--gpus", space.gpus, 1, 1 << 20), ("--global-batch", space.global_batch, 1, 1 << 31),
@@ -155,6 +167,9 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
     if not space.micro_batches or any(isinstance(m, bool) or not isinstance(m, int) or not 0 < m <= 1 << 16
                                       for m in space.micro_batches):
         raise SearchError(f"--micro-batch candidates must be integers in 1..{1 << 16}, got {list(space.micro_batches)}")
+    # a value given twice is one candidate, in the order first given
+    space = replace(space, precisions=tuple(dict.fromkeys(space.precisions)),
+                    micro_batches=tuple(dict.fromkeys(space.micro_batches)))
     spec = parse_config(model, name)
     if engine.system is not None and engine.system.gpus_per_node != space.max_tp:
         space = replace(space, max_tp=engine.system.gpus_per_node)  # TP stays inside one node
@@ -194,7 +209,16 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
         eval_time += dt
         (ranked if o.fits else rejected).append(o)
     ranked.sort(key=lambda o: o.iteration_ms or float("inf"))
+    by_candidate = dict(zip(valid, reqs, strict=True))
+    ranked[:explain] = [_explained(engine, o, by_candidate[o.candidate]) for o in ranked[:explain]]
     return SearchResult(ranked, rejected, len(valid), time.perf_counter() - t0, eval_time)
+
+
+def _explained(engine: Engine, o: Outcome, req: PredictRequest) -> Outcome:
+    """The outcome with the sources and warnings of its full prediction (the planner's numbers are kept: they
+    are the same prediction without them)."""
+    p = engine.predict(req)
+    return replace(o, sources=dict(p.sources), warnings=tuple(p.warnings))
 
 
 @contextlib.contextmanager

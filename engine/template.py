@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tp_query.schema.messages import TpQueryError
 from tp_query.schema.model_config import ArchFamily, Builder, ModelSpec
 
 from .graph import Graph, GraphMeta, MemoryProfile, OpRecord, ParamRecord, Phase, Section, memory_profile_from
@@ -43,7 +44,7 @@ _SIZE_FIELDS = ("name", "vocab_size", "hidden_size", "num_layers", "num_heads", 
 NUMBER_RE = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)')
 
 
-class TemplateError(ValueError):
+class TemplateError(TpQueryError):
     """A structural type whose graph is not polynomial in its dimensions (the caller traces instead)."""
 
 

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .messages import TpQueryError
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "tp-query-manifest/1"
 TABLE_DIRS = ("ops", "comm", "overlap", "framework")  # the Parquet tables of a GPU's database
 TOP_FILES = ("calibration.json",)
 
 
-class ManifestError(ValueError):
+class ManifestError(TpQueryError):
     """The database does not match its manifest (one line naming the file)."""
 
 

@@ -8,3 +8,9 @@ def first_line(e: BaseException) -> str:
     message has no first line to take)."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+class TpQueryError(ValueError):
+    """Every refusal tp-query gives (bad input, data it will not read): one line for the user. The CLI exits 2 on
+    it; an API caller can catch this one class."""
+

@@ -20,10 +20,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .messages import first_line
+from .messages import TpQueryError, first_line
 
 
-class ConfigError(ValueError):
+class ConfigError(TpQueryError):
     """A model file that cannot be used; the message is one line for the user."""
 
 
@@ -657,6 +657,10 @@ def config_notes(cfg: Any) -> list[str]:
         notes.append(f"quantization_config ({qm}) describes how the checkpoint is stored; training is predicted in the "
                      "chosen precision setting with unquantized weights (quantized or adapter training is not "
                      "modelled)")
+    if model_type == "llama4_text":
+        notes.append("llama4_text: transformers' Llama4TextMoe runs every routed expert on every token (inputs "
+                     "repeated per expert, scaled by the router's scores, one batched GEMM): the time, memory and "
+                     "hardware FLOPs are that dense run's, not top-k routing's")
     cap = text.get("attn_logit_softcapping")
     if cap is not None and family != ArchFamily.GPT2:
         notes.append(f"attn_logit_softcapping {cap}: SDPA attention, which transformers builds by default, does not "

@@ -123,3 +123,14 @@ def test_a_left_out_size_is_the_class_default_and_the_answer_says_so() -> None:
     cut = {k: v for k, v in full.items() if k != "hidden_size"}
     assert parse_config(cut).hidden_size == transformers.LlamaConfig().hidden_size
     assert any("hidden_size=4096" in n for n in config_notes(cut))
+
+
+def test_llama4_notes_say_what_transformers_runs() -> None:
+    hub = {"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"],
+           "text_config": {"model_type": "llama4_text", "hidden_size": 512, "num_hidden_layers": 2,
+                           "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+                           "intermediate_size": 1024, "intermediate_size_mlp": 2048, "num_local_experts": 4,
+                           "num_experts_per_tok": 1, "vocab_size": 1000}}
+    notes = config_notes(hub)
+    assert any("every routed expert on every token" in n for n in notes)
+    assert any("vision tower" in n for n in notes)

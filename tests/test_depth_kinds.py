@@ -103,7 +103,9 @@ def test_templates_stand_for_every_layer_of_their_kind(cfg: dict) -> None:
     assert graph_parameter_count(cut) == n_real
     comp = Composer(cut, allow_tf32=False)
     stages = comp.stages(ParallelConfig(pp=2, global_batch=2))
-    assert sum(s.param_numel for s in stages) == n_real
+    # a tied embedding (SmolLM3's class default) is held again by the last stage, as Megatron and pipelining keep it
+    copy = spec.vocab_size * spec.hidden_size if spec.tie_word_embeddings else 0
+    assert sum(s.param_numel for s in stages) == n_real + copy
     own = {name: p.numel() for name, p in real.named_parameters()}
     for s in stages:  # stage 0 holds the dense layers (GLM), each layer its own kind's parameters
         for p in s.params:

@@ -145,6 +145,44 @@ def test_python_api(cpu_db: Path, tiny_llama_file: Path) -> None:
     assert not any("max_position_embeddings" in w for w in same.warnings)
 
 
+def test_api_inputs_are_checked_not_coerced(cpu_db: Path, tiny_llama_file: Path) -> None:
+    """Each wrong value an API caller can pass is one TpQueryError, never a silent reading or a raw exception."""
+    import numpy as np
+    from tp_query.engine.api import TpQueryError
+    from tp_query.engine.parallel import ParallelConfig
+
+    kw = dict(gpu="cpu", db=str(cpu_db), seq_len=64)
+    bad: list[tuple[dict[str, object], str]] = [
+        ({"recompute": "none"}, "True or False"), ({"sequence_parallel": "no", "tp": 2}, "True or False"),
+        ({"zero": True, "dp": 2}, "ZeRO stage"), ({"dp": 2.0}, "DP must be"), ({"global_batch": 0}, "global batch"),
+        ({"global_batch": False}, "global batch"), ({"moe_imbalance": "2"}, "moe_imbalance"),
+        ({"parallel": {"dp": 2}}, "ParallelConfig"), ({"precision": "BF16"}, "choose from"),
+        ({"parallel": ParallelConfig(dp=2), "dp": 1}, "given twice"), ({"strict": "yes"}, "strict"),
+    ]
+    for extra, msg in bad:
+        with pytest.raises(TpQueryError, match=msg):
+            api_predict(tiny_llama_file, **kw, **extra)  # type: ignore[arg-type]
+    with pytest.raises(TpQueryError, match="JSON text"):
+        api_predict(json.dumps(TINY_LLAMA), **kw)  # type: ignore[arg-type]
+    # numpy's integers and bools are the numbers they hold
+    a = api_predict(tiny_llama_file, **kw, dp=np.int64(2), recompute=np.bool_(True))  # type: ignore[arg-type]
+    b = api_predict(tiny_llama_file, **kw, dp=2, recompute=True)  # type: ignore[arg-type]
+    assert a.iteration_ms == b.iteration_ms and a.config == b.config
+    s = dict(gpus=2, global_batch=2, seq_len=64, gpu="cpu", db=str(cpu_db), micro_batches=(1,))
+    for extra, msg in (({"precisions": []}, "empty"), ({"precisions": "bf16"}, "must be a list"),
+                       ({"price_per_gpu_hour": 2.0}, "tokens"), ({"gpus": 8192}, "no split")):
+        with pytest.raises(TpQueryError, match=msg):
+            api_search(TINY_LLAMA, **{**s, **extra})  # type: ignore[arg-type]
+    r = api_search(TINY_LLAMA, **{**s, "precisions": ["fp32", "fp32", Setting.FP32], "micro_batches": [1, 1]})
+    labels = [o.candidate.label() for o in r.ranked + r.rejected]
+    assert len(labels) == len(set(labels))
+    huge = api_search(TINY_LLAMA, **{**s, "gpus": 8192, "global_batch": 8192})  # PP=8192 is no candidate, not an abort
+    assert huge.ranked and all(o.candidate.parallel.pp <= 4096 for o in huge.ranked + huge.rejected)
+    best = r.ranked[0]  # the best rows say where their numbers come from, as predict does
+    assert best.sources and abs(sum(best.sources.values()) - 1) < 1e-9
+    assert best.row()["source_exact"] == best.sources["exact"]
+
+
 def test_plots(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "b.svg"
     r = run_cli("plot", "breakdown", "--model", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db),

@@ -37,6 +37,7 @@ from tp_query.engine.graph import (
     sequence_parallel_norm,
 )
 from tp_query.engine.request import OPTIMIZERS
+from tp_query.schema.messages import TpQueryError
 from tp_query.schema.model_config import ArchFamily, ModelSpec
 from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
@@ -63,7 +64,7 @@ def rounded(nbytes: int) -> int:
     return max(BLOCK, math.ceil(nbytes / BLOCK) * BLOCK) if nbytes > 0 else 0
 
 
-class TraceError(ValueError):
+class TraceError(TpQueryError):
     """The model cannot be traced as asked (one line for the user)."""
 
 
