@@ -47,7 +47,7 @@ class ParallelConfig:
         string "no" for a bool or 2.0 for a degree is refused, not read as true or truncated."""
         for name in self._INTS:
             v = getattr(self, name)
-            if v is None and name == "global_batch":
+            if type(v) is int or (v is None and name == "global_batch"):
                 continue
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 what = "an integer 0..3" if name == "zero" else "a positive integer"
@@ -55,7 +55,9 @@ class ParallelConfig:
             object.__setattr__(self, name, int(v))
         for name in self._BOOLS:
             v = getattr(self, name)
-            if type(v).__name__ not in ("bool", "bool_"):
+            if v is True or v is False:
+                continue
+            if type(v).__name__ != "bool_":  # numpy's bool is the bool it holds
                 raise PlanError(f"{name} must be True or False, got {v!r}"[:200])
             object.__setattr__(self, name, bool(v))
         for name in self._STRS:
