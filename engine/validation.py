@@ -569,11 +569,12 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
                      f"{c.predicted_ms - host_ms:.1f} | {host_ms:.1f} | {cl} |")
     L += ["", "Notes on the remaining error: [validation-notes.md](validation-notes.md).", ""]
     L += ["", f"![predicted vs measured]({plot_file})", "", "## Cases", "",
-          "| case | split | measured ms | predicted ms | error | exact/interp/extrap/miss | peak GiB meas/pred | fits pred / measured |",
+          "| case | split | measured ms | predicted ms | error | exact/interp/extrap/miss/host % | peak GiB meas/pred | fits pred / measured |",
           "|---|---|---|---|---|---|---|---|"]
     for c in cases:
         src = c.sources
-        srcs = "/".join(f"{100 * src.get(k, 0):.0f}" for k in ("exact", "interpolated", "extrapolated", "miss"))
+        srcs = "/".join(f"{100 * src.get(k, 0):.0f}" for k in ("exact", "interpolated", "extrapolated", "miss",
+                                                                 "host-model"))
         meas = f"{c.measured_ms:.2f}" if c.measured_ms else c.status
         pred = f"{c.predicted_ms:.2f}" if c.predicted_ms else (c.error or "-")
         err = f"{100 * c.signed:+.1f}%" if c.signed is not None else "-"

@@ -40,6 +40,8 @@ def test_breakdown_adds_up_and_sources_are_reported(eng: Engine) -> None:
     assert p.breakdown["host_overhead_ms"] >= 0
     assert sum(v for k, v in p.sources.items()) == pytest.approx(1.0)
     assert p.sources["exact"] > 0.3  # the tiny model's exact calls were measured
+    # the exposed host time is the host model's share of the step
+    assert p.sources.get("host-model", 0.0) == pytest.approx(p.breakdown["host_overhead_ms"] / p.iteration_ms)
     assert p.fits and p.peak_memory_gib > 0
 
 
