@@ -372,6 +372,11 @@ class _FamilyPoints:
         if sk in self.strict:
             c, w, src, n = self._category(("s", *sk), self.strict[sk]).estimate(ax, roof)
             return Estimate(c, w, src, n)
+        if base in self.loose and roof > 0 and spec.family in TRANSFER_FAMILIES:
+            moved = self._transferred(base, sk[len(base):], ax)
+            if moved is not None:
+                c, w, n = moved
+                return Estimate(roof * c, roof * w, Source.EXTRAPOLATED, n)
         if base in self.loose and roof > 0:
             # same operator and dtypes, other family-exact features (a causal mask, a layout, another head size):
             # their work differs, so what carries over is the efficiency against each one's own roofline, held
@@ -391,6 +396,60 @@ class _FamilyPoints:
                 return Estimate(roof * c, roof * w, Source.EXTRAPOLATED, n)
         return Estimate(roof / self.default_eff, roof / self.default_eff, Source.MISS, 0)
 
+    MAX_FLIPS: ClassVar[int] = 2
+
+    def _transferred(self, base: tuple[Any, ...], want: tuple[Any, ...], ax: tuple[float, ...]
+                     ) -> tuple[float, float, int] | None:
+        """Time over roofline (cold, warm) at these axes from the measured categories nearest the query's (fewest
+        family-exact features differing), each feature's change applied as the median ratio it makes between pairs
+        of measured categories that differ in that feature alone. Pooling every category of the operator instead
+        read cuDNN attention with dropout and a sliding-window mask (no such point) at the median efficiency of
+        causal, unmasked kernels: 0.76x the same call without dropout, where the H200 runs it 2.2x slower."""
+        nb = len(base)
+        keys = [k[nb:] for k in self.strict if k[:nb] == base]
+        have = set(keys)
+
+        def held(x: tuple[Any, ...]) -> tuple[float, float] | None:
+            c, w, n = self._held_efficiency(("t", *base, *x), self.strict[base + x], ax)
+            return (c, w) if n and c > 0 and w > 0 else None
+
+        def ratio(i: int, a: Any, b: Any) -> tuple[float, float] | None:
+            rs = []
+            for x in keys:
+                y = (*x[:i], b, *x[i + 1:])
+                if x[i] != a or y not in have:
+                    continue
+                hx, hy = held(x), held(y)
+                if hx is not None and hy is not None:
+                    rs.append((hy[0] / hx[0], hy[1] / hx[1]))
+            if not rs:
+                return None
+            return statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)
+
+        by_flips: dict[int, list[tuple[tuple[Any, ...], list[int]]]] = defaultdict(list)
+        for x in keys:
+            diff = [i for i, (u, v) in enumerate(zip(x, want, strict=True)) if u != v]
+            if 0 < len(diff) <= self.MAX_FLIPS:
+                by_flips[len(diff)].append((x, diff))
+        for flips in sorted(by_flips):
+            logs: list[tuple[float, float]] = []
+            for x, diff in by_flips[flips]:
+                h = held(x)
+                if h is None:
+                    continue
+                c, w = h
+                for i in diff:
+                    r = ratio(i, x[i], want[i])
+                    if r is None:
+                        break
+                    c, w = c * r[0], w * r[1]
+                else:
+                    logs.append((math.log(c), math.log(w)))
+            if logs:  # geometric mean over the nearest categories
+                return (math.exp(statistics.fmean(v[0] for v in logs)),
+                        math.exp(statistics.fmean(v[1] for v in logs)), len(logs))
+        return None
+
     def _held_efficiency(self, key: tuple[Any, ...], pts: list[Point], ax: tuple[float, ...]
                          ) -> tuple[float, float, int]:
         """Time over roofline (cold, warm) blended at these axes from points of other categories: multiply by a
@@ -406,13 +465,20 @@ class _FamilyPoints:
         return c, w, n
 
 
+# families whose missing categories borrow from their nearest measured ones, feature by feature (categorical features
+# that change the kernel's work: dropout, a mask, causality), rather than from the pool of all the operator's points
+TRANSFER_FAMILIES = frozenset({Family.ATTENTION})
+
+
 def _category_dtypes(fam: Family, dtypes: str | None) -> str:
     """The dtypes that set a category: an attention call's int64 scalars are its RNG seed and offset, host tensors
     in a traced step and device tensors where the collector's forward made them; they carry no work (the grid's
-    attention backward points were unreachable from traced calls before this, 2026-12-01)."""
+    attention backward points were unreachable from traced calls before this, 2026-12-01). Its int32 tensors are
+    cuDNN's and flash's cumulative sequence lengths, empty for dense inputs: the grid's cuDNN backward calls pass
+    them, torch's traced ones pass None, and every grid point (its dropout points among them) was out of reach."""
     d = str(dtypes or "")
     if fam == Family.ATTENTION:
-        return ",".join(x for x in d.split(",") if x != "i64")
+        return ",".join(x for x in d.split(",") if x not in ("i64", "i32"))
     return d
 
 

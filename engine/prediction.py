@@ -24,7 +24,6 @@ from .request import OpRow, PredictError, Prediction
 from .schedule import StepSchedule
 from .segments import SOURCES, Segment
 
-
 HOST_SOURCE = "host-model"  # a source share: the exposed host time, from the host model
 
 

@@ -326,3 +326,67 @@ def test_a_padded_view_is_its_own_gemm_category() -> None:
     q = Query("padded", "aten.mm.default", describe(OpCall("aten.mm.default", (
         TensorSpec((2048, 2048), DType.BF16, (2049, 1)), TensorSpec((2048, 2048), DType.BF16))), False))
     assert lm.estimate([q])["padded"].source == Source.EXTRAPOLATED
+
+
+def _attn_row(call: OpCall, t: float) -> dict[str, Any]:
+    info = describe(call, False)
+    return {"key": call_key(call.op, call.to_json_str(), info.math_mode), "op": call.op, "family": "attention",
+            "precision": str(info.precision), "math_mode": info.math_mode, "dtypes": info.dtypes, "flops": info.flops,
+            "bytes": info.bytes, "latency_us": t, "latency_warm_us": t, **info.features}
+
+
+def _masked(call: OpCall, s: int) -> OpCall:
+    """The call with an additive [1, 1, s, s] mask (a sliding window) in place of is_causal."""
+    mask = TensorSpec((1, 1, s, s), DType.BF16)
+    args = list(call.args)
+    args[3], args[6] = mask, False
+    return OpCall(call.op, tuple(args), call.kwargs)
+
+
+def test_a_missing_feature_moves_the_nearest_category_by_its_measured_ratio() -> None:
+    """cuDNN attention with dropout and a sliding-window mask, measured with neither together: the masked
+    category without dropout, times what dropout costs where both were measured (x2 here, in closed form). Pooling
+    the operator's every category held the median efficiency of the causal, unmasked points against the masked
+    call's full roofline: faster than the same call without dropout (0.76x on the H200 database)."""
+    from tp_query.schema.ops import attention_fwd_call
+
+    op = "aten._scaled_dot_product_cudnn_attention.default"
+    peak = H200.peak_flops[Precision.BF16]
+    rows = []
+    for h in (8, 16, 32, 64):
+        for s in (1024, 2048, 4096, 8192):
+            for p in (0.0, 0.1):  # head size 64, causal: 60% of peak, dropout twice the time
+                call = attention_fwd_call(op, 1, h, h, s, 64, DType.BF16, True, p)
+                rows.append(_attn_row(call, describe(call, False).flops / (0.6 * peak) * 1e6 * (2.0 if p else 1.0)))
+            for d in (64, 128):  # causal, no dropout, as many points as the masked ones: the pool's median is theirs
+                call = attention_fwd_call(op, 1, h, h, s, d, DType.BF16, True)
+                rows.append(_attn_row(call, describe(call, False).flops / (0.6 * peak) * 1e6))
+            masked = _masked(attention_fwd_call(op, 1, h, h, s, 128, DType.BF16, False), s)
+            rows.append(_attn_row(masked, describe(masked, False).flops / (0.3 * peak) * 1e6))  # every tile, 30%
+    lm = LatencyModel(FakeDb(rows), H200)
+    plain = _masked(attention_fwd_call(op, 1, 32, 32, 4096, 128, DType.BF16, False), 4096)
+    dropped = _masked(attention_fwd_call(op, 1, 32, 32, 4096, 128, DType.BF16, False, 0.1), 4096)
+    pi, di = describe(plain, False), describe(dropped, False)
+    assert di.features["masked"] and di.features["dropout"] and not di.features["causal"]
+    q0, q1 = (Query(call_key(op, c.to_json_str(), i.math_mode), op, i) for c, i in ((plain, pi), (dropped, di)))
+    e0, e1 = lm.estimate([q0])[q0.key], lm.estimate([q1])[q1.key]
+    assert e0.source == Source.EXACT and e1.source == Source.EXTRAPOLATED
+    assert e1.cold_us == pytest.approx(2.0 * e0.cold_us, rel=1e-9)
+
+
+def test_cudnn_backward_grid_points_reach_traced_calls() -> None:
+    """The grid's cuDNN backward passes empty int32 cumulative sequence lengths, a traced step None: the same
+    kernel, one category (the grid's dropout points were out of a traced call's reach)."""
+    from tp_query.schema.ops import attention_bwd_call
+
+    op = "aten._scaled_dot_product_cudnn_attention.default"
+    grid = attention_bwd_call(op, 1, 16, 16, 2048, 128, DType.BF16, True)
+    args = list(grid.args)
+    args[9] = args[10] = None
+    traced = OpCall(grid.op, tuple(args), grid.kwargs)
+    from tp_query.engine.lookup import _category_dtypes
+    from tp_query.schema.ops import Family
+
+    gi, ti = describe(grid, False), describe(traced, False)
+    assert gi.dtypes != ti.dtypes
+    assert _category_dtypes(Family.ATTENTION, gi.dtypes) == _category_dtypes(Family.ATTENTION, ti.dtypes)
