@@ -57,7 +57,8 @@ class ParallelConfig:
             v = getattr(self, name)
             if v is True or v is False:
                 continue
-            if type(v).__name__ != "bool_":  # numpy's bool is the bool it holds
+            t = type(v)  # numpy's bool (numpy.bool_ in 1.x, numpy.bool in 2.x) is the bool it holds
+            if t.__module__ != "numpy" or t.__name__ not in ("bool_", "bool"):
                 raise PlanError(f"{name} must be True or False, got {v!r}"[:200])
             object.__setattr__(self, name, bool(v))
         for name in self._STRS:
