@@ -450,6 +450,9 @@ class Composer:
             counts = [0]
         else:
             counts = split_layers(n_layers, par.pp)
+            if par.framework == "megatron" and n_layers % par.pp:  # its get_num_layers_to_build asserts it
+                raise PlanError(f"Megatron-Core splits layers evenly over pipeline stages: {n_layers} layers do not "
+                                f"divide by PP={par.pp}")
             if par.pp_schedule == "interleaved" and par.pp > 1 and n_layers % (2 * par.pp):
                 raise PlanError(f"interleaved 1F1B runs 2 chunks per rank: {n_layers} layers do not split into "
                                 f"{2 * par.pp} equal stages")

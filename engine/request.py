@@ -73,6 +73,9 @@ def setting_refusal(setting: Setting, par: ParallelConfig) -> str:
     """Why a precision setting is not modelled under this split ("" when it is): torchao's float8 training is
     traced on plain Linear layers, and its tensor-parallel styles (Float8ColwiseParallel, float8 all-gathers under
     sequence parallelism) change both the kernels and the collectives, which nothing here has measured."""
+    if SETTINGS[setting].fp8_recipe and par.framework == "megatron":
+        return ("the fp8 settings model torchao float8 training on PyTorch; Megatron-Core's FP8 needs Transformer "
+                "Engine, which is not modelled")
     if SETTINGS[setting].fp8_recipe and par.tp > 1:
         return (f"{setting.value} is modelled at TP=1 (torchao float8 on plain Linear layers): its tensor-parallel "
                 "styles are not modelled; use --tp 1 with DP/FSDP2 or PP, or a bf16 setting")

@@ -41,7 +41,7 @@ from .hostsim import (
 )
 from .lookup import Query
 from .memory import logits_spec
-from .parallel import ParallelConfig
+from .parallel import ParallelConfig, PlanError
 from .request import PredictRequest
 from .segments import SOURCES, Segment, SegmentCache
 
@@ -267,7 +267,7 @@ class StepSchedule:
         ep_comm = m * c["ep_comm_us"]
         host_fb = m * (c["fwd_us"] + c["bwd_us"] - c["fwd_gpu_us"] - c["bwd_gpu_us"] - c["tp_comm_us"]
                        - c["ep_comm_us"])
-        pp_comm = (2 * m * p2p + 2 * (par.pp - 1) * p2p) if par.pp > 1 else 0.0
+        pp_comm = (2 * m * p2p + 2 * (par.pp - 1) * p2p + self._tied_embedding_allreduce_us()) if par.pp > 1 else 0.0
         bubble = max(pipe - (fwd_compute + bwd_compute + tp_comm + ep_comm + host_fb + 2 * m * p2p), 0.0) \
             if par.pp > 1 else 0.0
         accum = (m - 1) * c["accum_us"]
@@ -293,21 +293,21 @@ class StepSchedule:
 
     def _pipeline_us(self, per_stage: list[dict[str, Any]], m: int, p2p: float) -> float:
         """The schedule's forward/backward time over m micro-batches. Interleaving splits each rank's layers
-        into chunks: stage s of pp x chunks has its share of layers, the embedding on the first, the head
-        on the last (per-layer costs from the ranks' own sections)."""
+        into chunks: chunk s of pp x chunks runs on rank s % pp with that rank's per-layer cost (its own host
+        scaling: a head's GPU work hides host time on the last rank, not on the others), the embedding on the
+        first chunk, the head on the last; each rank's chunks add up to its stage under 1F1B."""
         par = self.par
         sched = PipeSchedule(par.pp_schedule)
         if sched != PipeSchedule.INTERLEAVED:
             return pipeline_time([r["fwd_us"] for r in per_stage], [r["bwd_us"] for r in per_stage], par.pp, m,
                                  sched, p2p)
-        first = self.stage_shape(self.stages[0], per_stage[0])
-        last = self.stage_shape(self.stages[-1], per_stage[-1])
+        shapes = [self.stage_shape(st, c) for st, c in zip(self.stages, per_stage, strict=True)]
         n = par.pp * INTERLEAVED_CHUNKS
         per = sum(s.layers for s in self.stages) // n
-        fwd = [per * first.fwd_layer_us + (first.fwd_embed_us if s == 0 else 0.0) +
-               (last.fwd_head_us if s == n - 1 else 0.0) for s in range(n)]
-        bwd = [per * first.bwd_layer_us + (first.bwd_embed_us if s == 0 else 0.0) +
-               (last.bwd_head_us if s == n - 1 else 0.0) for s in range(n)]
+        fwd = [per * shapes[s % par.pp].fwd_layer_us + (shapes[0].fwd_embed_us if s == 0 else 0.0) +
+               (shapes[-1].fwd_head_us if s == n - 1 else 0.0) for s in range(n)]
+        bwd = [per * shapes[s % par.pp].bwd_layer_us + (shapes[0].bwd_embed_us if s == 0 else 0.0) +
+               (shapes[-1].bwd_head_us if s == n - 1 else 0.0) for s in range(n)]
         return pipeline_time(fwd, bwd, par.pp, m, sched, p2p)
 
     def stage_shape(self, s: StageWork, c: dict[str, Any]) -> StageShape:
@@ -337,6 +337,22 @@ class StepSchedule:
         if cls == "fp32":
             return Interference(source="fp32 SIMT GEMMs: not measured, none assumed")
         return self.eng.framework.interference(self.par.dp, cls)
+
+    def _tied_embedding_allreduce_us(self) -> float:
+        """Megatron-Core with tied embeddings under PP: the last stage holds a copy of the word embedding, and
+        finalize_model_grads all-reduces its fp32 main_grad between the first and last stage
+        (`_allreduce_word_embedding_grads` over the embedding group) after the step's backward, exposed. PyTorch's
+        pipelining has no such group (a tied model is the user's to split)."""
+        par = self.par
+        if par.framework != Framework.MEGATRON or not self.g.meta.model.get("tie_word_embeddings"):
+            return 0.0
+        copy = next((p for p in self.stages[-1].params if p.name == "head.lm_head.weight"), None)
+        if copy is None:
+            return 0.0
+        numel = 1
+        for d in copy.shape:
+            numel *= d
+        return self.eng.comm.estimate("all_reduce", 4.0 * numel, 2, per_node=self._p2p_per_node()).us
 
     def _p2p_bytes(self) -> float:
         spec = self.g.meta.model
@@ -441,9 +457,4 @@ class StepSchedule:
             f, b = fsdp_overhead(shape, comm, inter, reshard=par.zero == 3, gather_ratio=1.0,
                                  reduce_ratio=reduce_ratio, copy_us=copy_us)
             return par.micro_batches * (f + b)
-        # ZeRO-1 (and Megatron's distributed optimizer): gradients reduce-scattered as buckets fill, the
-        # updated parameters all-gathered after the optimizer step
-        gbytes = s.param_bytes
-        rs = comm("reduce_scatter", gbytes)
-        ag = comm("all_gather", gbytes)
-        return max(0.0, rs - 0.9 * shape.plain_bwd_us) + ag
+        raise PlanError("--zero 1 with --framework torch is not modelled (ParallelConfig.unmodelled refuses it)")

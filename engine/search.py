@@ -130,8 +130,9 @@ def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate,
                                                     space.zero_stages, space.recompute):
             if (sp and tp == 1) or (z and dp == 1):
                 continue  # the same configuration as without the option: skip silently
-            if space.global_batch % (dp * mb) or (space.framework == "megatron" and z >= 2):
-                continue  # not a configuration of this job (or of this stack) at all
+            if space.global_batch % (dp * mb) or (space.framework == "megatron" and z >= 2) or \
+                    (space.framework == "torch" and z == 1):
+                continue  # not a configuration of this job (or of this stack: PyTorch has no ZeRO-1) at all
             # Megatron-Core MoE: every expert-parallel size that divides DP and the experts
             eps = [e for e in _divisors(dp) if spec.num_experts % e == 0] \
                 if spec.is_moe and space.framework == "megatron" else [1]
@@ -437,7 +438,7 @@ def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node
             args.append("--recompute-granularity full --recompute-method uniform")
         return head + f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py " + \
             " ".join(a for a in args if a)
-    dp_kind = {0: "ddp", 1: "zero1", 2: "fsdp2 --reshard-after-forward false", 3: "fsdp2"}[p.zero]
+    dp_kind = {0: "ddp", 2: "fsdp2 --reshard-after-forward false", 3: "fsdp2"}[p.zero]
     return head + (f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} train.py --config {model} "
                    f"--dp {p.dp} --tp {p.tp} --pp {p.pp} --data-parallel {dp_kind} --micro-batch {p.micro_batch} "
                    f"--global-batch {p.global_batch} --seq-len {seq_len} --precision {prec}"

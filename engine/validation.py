@@ -192,6 +192,9 @@ class Study:
             stage = r.get("pp_stage")
             if stage:  # one stage of a PP split, alone on one GPU: compare with that stage's prediction
                 self.stage_of[c.case_id] = {"first": 0, "middle": 1, "last": pp - 1}[stage]
+                # one micro-batch through one stage, no schedule ran: GPipe's order takes any micro-batch count
+                # (Schedule1F1B refuses fewer than PP), and one micro-batch's stage work and memory are the same
+                extra = {**extra, "pp_schedule": "gpipe"}
             # What ran: the shard-shaped model on one GPU (for TP shards, a plain HF model of the shard), or
             # a distributed run with its split.
             try:

@@ -647,6 +647,8 @@ def config_notes(cfg: Any) -> list[str]:
                      "image tokens are not modelled")
     _, taken = with_class_defaults(text, model_type, family)
     sizes = {k: v for k, v in taken.items() if k in _SIZE_KEYS}
+    if {**taken, **text}.get("use_sliding_window") is False:
+        sizes.pop("sliding_window", None)  # a window the model does not use (Qwen2/3's default) sets no size
     if sizes:
         ver = hf_class_defaults().get("transformers", "?")
         notes.append(f"{model_type}: not in the config, taken from transformers {ver}'s class defaults as "

@@ -134,3 +134,18 @@ def test_llama4_notes_say_what_transformers_runs() -> None:
     notes = config_notes(hub)
     assert any("every routed expert on every token" in n for n in notes)
     assert any("vision tower" in n for n in notes)
+
+
+def test_an_unused_default_window_is_not_named() -> None:
+    """Qwen3's class default window (4096) is off (use_sliding_window False): it sets nothing, so the answer does
+    not name it; Mistral's default window is applied, so the answer names it."""
+    q = json.loads((ROOT / "examples" / "qwen3-8b.json").read_text())
+    assert "sliding_window" not in q and parse_config(q).sliding_window is None
+    assert not any("sliding_window" in n for n in config_notes(q))
+    assert any("sliding_window=4096" in n for n in config_notes({**q, "use_sliding_window": True}))
+    m = {k: v for k, v in json.loads((ROOT / "examples" / "llama3.1-8b.json").read_text()).items()
+         if k not in ("rope_scaling",)}
+    m["model_type"] = "mistral"
+    m["architectures"] = ["MistralForCausalLM"]
+    assert parse_config(m).sliding_window == transformers.MistralConfig().sliding_window
+    assert any(f"sliding_window={transformers.MistralConfig().sliding_window}" in n for n in config_notes(m))

@@ -47,7 +47,7 @@ def test_sql_and_db_info(cpu_db: Path) -> None:
     (json.dumps({**TINY_LLAMA, "architectures": ["BertForMaskedLM"], "model_type": "bert"}), [],
      "unsupported architecture"),  # not a causal LM (any *ForCausalLM of transformers is built as it is)
     (json.dumps(TINY_LLAMA), ["--tp", "3"], "does not divide"),
-    (json.dumps(TINY_LLAMA), ["--pp", "9"], "larger than the number of layers"),
+    (json.dumps(TINY_LLAMA), ["--pp", "9", "--global-batch", "9"], "larger than the number of layers"),
     (json.dumps(TINY_LLAMA), ["--seq-len", "0"], "positive"),
     (json.dumps(TINY_LLAMA), ["--gpu", "h900"], "unknown GPU"),
     (json.dumps(TINY_LLAMA), ["--gpu", "h100"], "no profile database"),
@@ -58,7 +58,7 @@ def test_sql_and_db_info(cpu_db: Path) -> None:
     (json.dumps(TINY_LLAMA), ["--ddp-bucket-view"], "gradient_as_bucket_view"),
     (json.dumps(TINY_LLAMA), ["--dp", "2", "--zero", "3", "--ddp-bucket-view"], "gradient_as_bucket_view"),
     (json.dumps(TINY_LLAMA), ["--pp-schedule", "gpipe"], "needs PP > 1"),
-    (json.dumps(TINY_LLAMA), ["--pp", "2", "--dp", "2", "--zero", "1", "--global-batch", "4"],
+    (json.dumps(TINY_LLAMA), ["--pp", "2", "--dp", "2", "--zero", "2", "--global-batch", "4"],
      "ZeRO with pipeline parallelism is not modelled"),
     (json.dumps(TINY_LLAMA), ["--seq-len", "1"], "2.."),
     (json.dumps({**TINY_LLAMA, "model_type": "gpt2"}), [], "correct one of them"),

@@ -58,8 +58,11 @@ def test_parallel_splits(eng: Engine) -> None:
     assert tp2.peak_memory_gib < one.peak_memory_gib
     dp2 = eng.predict(req(dp=2))
     assert dp2.breakdown["dp_comm_ms"] > 0
-    z1 = eng.predict(req(dp=2, zero=1))
-    assert z1.memory["optimizer_gib"] == pytest.approx(dp2.memory["optimizer_gib"] / 2, rel=0.01)
+    mdp2 = eng.predict(req(dp=2, setting=Setting.MP_BF16, framework="megatron"))
+    z1 = eng.predict(req(dp=2, zero=1, setting=Setting.MP_BF16, framework="megatron"))
+    assert z1.memory["optimizer_gib"] == pytest.approx(mdp2.memory["optimizer_gib"] / 2, rel=0.01)
+    with pytest.raises(PredictError, match="ZeroRedundancyOptimizer"):  # PyTorch has no ZeRO-1 stack
+        eng.predict(req(dp=2, zero=1))
     pp = eng.predict(req(pp=2, global_batch=4))
     assert pp.breakdown["pipeline_bubble_ms"] > 0 and pp.breakdown["pp_comm_ms"] > 0
     assert [s["layers"] for s in pp.stages] == [2, 2]
@@ -76,7 +79,7 @@ def test_precision_changes_time_and_memory(eng: Engine) -> None:
 
 @pytest.mark.parametrize("kw, msg", [
     (dict(tp=3), "does not divide"),
-    (dict(pp=5), "larger than the number of layers"),
+    (dict(pp=5, global_batch=5), "larger than the number of layers"),
     (dict(dp=2, global_batch=3), "not a multiple"),
     (dict(zero=4), "ZeRO stage"),
     (dict(optimizer="lamb"), "unknown optimizer"),
@@ -195,6 +198,45 @@ def test_pipeline_schedules(eng: Engine) -> None:
     assert inter.config["pp_schedule"] == "interleaved" and inter.iteration_ms > 0
     with pytest.raises((PredictError, PlanError), match="interleaved"):
         eng.predict(req(pp=3, global_batch=6, pp_schedule="interleaved"))
+    # micro-batch counts the real schedules refuse (torch.distributed.pipelining, Megatron-Core's schedules)
+    for kw, msg in (({"global_batch": 1}, "Schedule1F1B"),
+                    ({"global_batch": 5, "pp_schedule": "interleaved"}, "ScheduleInterleaved1F1B"),
+                    ({"global_batch": 3, "pp_schedule": "interleaved", "framework": "megatron",
+                      "setting": Setting.MP_BF16}, "multiple of PP=2")):
+        with pytest.raises((PredictError, PlanError), match=msg):
+            eng.predict(req(pp=2, **kw))
+    assert eng.predict(req(pp=2, global_batch=1, pp_schedule="gpipe")).iteration_ms > 0
+    # Megatron-Core's 1F1B runs fewer micro-batches than stages, and asserts layers divide evenly over stages
+    assert eng.predict(req(pp=2, global_batch=1, framework="megatron", setting=Setting.MP_BF16)).iteration_ms > 0
+    with pytest.raises(PredictError, match="do not divide by PP=3"):
+        eng.predict(req(pp=3, global_batch=3, framework="megatron", setting=Setting.MP_BF16))
+
+
+def test_interleaved_chunks_add_up_to_each_ranks_stage(eng: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interleaved 1F1B moves layers between a rank's chunks, not between ranks: each rank's chunk costs add up
+    to its 1F1B stage's (each priced with its own rank's host scaling; the tiny model is host-bound, where
+    pricing every chunk from stage 0 over-counted the last rank), so with more micro-batches it is never slower."""
+    import tp_query.engine.schedule as sched
+
+    seen: list[tuple[list[float], list[float]]] = []
+    real = sched.pipeline_time
+
+    def spy(fwd: list[float], bwd: list[float], pp: int, m: int, s: object, p2p: float) -> float:
+        seen.append((list(fwd), list(bwd)))
+        return real(fwd, bwd, pp, m, s, p2p)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sched, "pipeline_time", spy)
+    for fw, setting in (("torch", Setting.BF16), ("megatron", Setting.MP_BF16)):
+        a = eng.assemble(req(pp=2, global_batch=8, pp_schedule="interleaved", framework=fw, setting=setting))
+        _, _, per_stage, _ = a.evaluate(eng.host)
+        fwd, bwd = seen[-1]
+        assert len(fwd) == 4
+        for r in range(2):
+            assert sum(fwd[r::2]) + sum(bwd[r::2]) == pytest.approx(per_stage[r]["fwd_us"] + per_stage[r]["bwd_us"],
+                                                                   rel=1e-9)
+        one = eng.predict(req(pp=2, global_batch=16, framework=fw, setting=setting))
+        inter = eng.predict(req(pp=2, global_batch=16, pp_schedule="interleaved", framework=fw, setting=setting))
+        assert inter.iteration_ms <= one.iteration_ms
 
 
 def test_mfu_and_parameters_match_an_independent_count(eng: Engine) -> None:
@@ -421,3 +463,21 @@ def test_a_shipped_snapshot_answers_without_duckdb_and_only_for_its_database(cpu
     assert run() == [ms, gib, True]
     (root / "cpu" / SHIPPED_NAME).write_bytes(b"\x1f\x8b damaged")
     assert run() == [ms, gib, True]
+
+
+def test_megatron_pp_all_reduces_the_tied_embeddings_gradient(eng: Engine) -> None:
+    """Megatron-Core's finalize_model_grads all-reduces the tied word embedding's fp32 main_grad between the first
+    and last stage (the last holds a copy): one all-reduce of vocab x hidden x 4 bytes over 2 ranks, exposed;
+    untied models, PP=1 and PyTorch's pipelining have none."""
+    tied = {**TINY_LLAMA, "tie_word_embeddings": True}
+    untied = {**TINY_LLAMA, "tie_word_embeddings": False}
+    mp = dict(pp=2, global_batch=4, framework="megatron", setting=Setting.MP_BF16)
+    t = eng.predict(req(model=tied, **mp))
+    u = eng.predict(req(model=untied, **mp))
+    want = eng.comm.estimate("all_reduce", 4.0 * TINY_LLAMA["vocab_size"] * TINY_LLAMA["hidden_size"], 2,
+                             per_node=2).us / 1e3
+    assert want > 0
+    assert t.breakdown["pp_comm_ms"] - u.breakdown["pp_comm_ms"] == pytest.approx(want, rel=1e-6)
+    tp = dict(pp=2, global_batch=4, setting=Setting.BF16)
+    assert eng.predict(req(model=tied, **tp)).breakdown["pp_comm_ms"] == pytest.approx(
+        eng.predict(req(model=untied, **tp)).breakdown["pp_comm_ms"], rel=1e-9)

@@ -567,7 +567,7 @@ def _validate(req: TraceRequest) -> None:
 
         if s.family not in MEGATRON_FAMILIES:
             raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family, Qwen3, "
-                             f"Mixtral and Qwen3-MoE configs, not {s.family.value}")
+                             f"Mixtral and Qwen3-MoE configs, not {s.model_type}")
         if s.layer_types and any(t != "full_attention" for t in s.layer_types):
             raise TraceError("--framework megatron: sliding-window attention is not in Megatron-Core's local spec")
         if s.shared_expert_intermediate_size:
@@ -581,7 +581,7 @@ def _validate(req: TraceRequest) -> None:
     if s.builder.value == "hf":
         if req.framework == "megatron" and s.family.value not in ("mixtral", "qwen3", "qwen3_moe"):
             raise TraceError(f"--framework megatron models Megatron-Core's local GPT spec for Llama-family configs, "
-                             f"not {s.family.value}")
+                             f"not {s.model_type}")
     if req.micro_batch <= 0 or req.seq_len <= 0:
         raise TraceError("micro-batch and sequence length must be positive")
     if req.tp <= 0:
