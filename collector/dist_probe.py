@@ -66,9 +66,26 @@ def _comm_fn(collective: str, nbytes: int, device: torch.device) -> Any:
         inp = torch.randn(n // world, device=device, dtype=torch.bfloat16)
         out = torch.empty(n, device=device, dtype=torch.bfloat16)
         return lambda: dist.all_gather_into_tensor(out, inp, async_op=True)
+    if collective == "send_recv":  # pipelining's steady state: each rank sends to the next and receives from the last
+        rank = dist.get_rank()
+        snd = torch.randn(n, device=device, dtype=torch.bfloat16)
+        rcv = torch.empty(n, device=device, dtype=torch.bfloat16)
+        ops = [dist.P2POp(dist.isend, snd, (rank + 1) % world), dist.P2POp(dist.irecv, rcv, (rank - 1) % world)]
+        return lambda: _AllWorks(dist.batch_isend_irecv(ops))
     inp = torch.randn(n, device=device, dtype=torch.bfloat16)
     out = torch.empty(n // world, device=device, dtype=torch.bfloat16)
     return lambda: dist.reduce_scatter_tensor(out, inp, async_op=True)
+
+
+class _AllWorks:
+    """batch_isend_irecv's works as one (the campaign waits on one handle per issue)."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
 
 
 def _run_together(compute: Any, k: int, comm: Any, r: int) -> tuple[float, float]:
@@ -127,7 +144,9 @@ def overlap_campaign(device: torch.device, prov: Any, out: Path | None) -> int:
         compute, cdt = _compute_fn(ck, device)
         (c_us,) = _max_over_ranks(_alone(compute, 10, comm=False))
         for coll, nbytes in (("all_reduce", 8 * 2**20), ("all_reduce", 64 * 2**20), ("all_reduce", 512 * 2**20),
-                             ("all_gather", 64 * 2**20), ("reduce_scatter", 64 * 2**20)):
+                             ("all_gather", 64 * 2**20), ("reduce_scatter", 64 * 2**20),
+                             # pipeline transfers beside compute (interleaved 1F1B posts its receives early)
+                             ("send_recv", 32 * 2**20), ("send_recv", 64 * 2**20)):
             if dist.get_rank() == 0:
                 print(f"[overlap] {ck} {coll} {nbytes >> 20} MiB", flush=True)
             comm = _comm_fn(coll, nbytes, device)
