@@ -54,7 +54,7 @@ class CaseResult:
     framework: str = ""  # distributed runs: torch | megatron
     kind: str = ""  # distributed runs: ddp, fsdp_z3, tp, pp_1f1b, mcore_dp, ...
     shape_split: str = ""  # distributed runs: calibration (shapes shared with calibration) | holdout
-    host_ms: float | None = None  # distributed runs: the slowest rank's host issue time of a step
+    host_ms: float | None = None  # the slowest rank's host issue time of a step (where the run recorded it)
     family: str = ""  # the spec registry's family of the config that ran
     machine: str = ""  # the machine instance it ran on ("": before instances were told apart)
     # its host costs are its own instance's (measured there, or the first period's probe), not the median of others'
@@ -186,9 +186,10 @@ class Study:
                 c.framework, c.kind, c.split = r["framework"], r["dist_kind"], "distributed"
                 c.shape_split = "calibration" if shared else "holdout"
                 extra = {**DIST_KINDS.get(r["dist_kind"], {}), **({"ep": ep} if ep > 1 else {})}
-                ranks = json.loads(r["rank_json"]) if r.get("rank_json") else []
-                hosts = [x["host_ms"] for x in ranks if x.get("host_ms")]
-                c.host_ms = max(hosts) if hosts else None
+            # the host's issue time per step, per rank (distributed runs; one-GPU runs since session 35)
+            ranks = json.loads(r["rank_json"]) if r.get("rank_json") else []
+            hosts = [x["host_ms"] for x in ranks if x.get("host_ms")]
+            c.host_ms = max(hosts) if hosts else None
             stage = r.get("pp_stage")
             if stage:  # one stage of a PP split, alone on one GPU: compare with that stage's prediction
                 self.stage_of[c.case_id] = {"first": 0, "middle": 1, "last": pp - 1}[stage]
