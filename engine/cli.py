@@ -6,6 +6,7 @@ Every error a user can fix is one line on stderr with exit code 2 (no traceback)
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -304,7 +305,8 @@ def sql(
     gpu: GpuOpt = "h200",
     db: DbOpt = None,
     fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
-    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+    limit: Annotated[int | None, typer.Option(help="rows to print (default: 50 in table format, all in csv and "
+                                                   "json)")] = None,
 ) -> None:
     """Run ad-hoc DuckDB SQL over the operator database."""
     from tp_query.engine.db import Database
@@ -313,11 +315,15 @@ def sql(
     def go() -> None:
         if fmt not in ("table", "csv", "json"):
             raise UserError(f"--format must be table, csv or json, got {fmt!r}")
-        if limit < 1:
-            raise UserError(f"--limit must be a positive integer (rows printed in table format), got {limit}")
+        if limit is not None and limit < 1:
+            raise UserError(f"--limit must be a positive integer (rows printed), got {limit}")
         t = Database(gpu, db).user_sql(query)
-        if fmt == "json":
-            typer.echo(json.dumps(t.to_pylist(), default=str, indent=1))
+        if fmt != "table" and limit is not None:
+            t = t.slice(0, limit)
+        if fmt == "json":  # JSON has no NaN or infinity: a non-finite number is null
+            rows = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+                    for r in t.to_pylist()]
+            typer.echo(json.dumps(rows, default=str, indent=1, allow_nan=False))
         elif fmt == "csv":
             import io
 
@@ -327,7 +333,7 @@ def sql(
             pacsv.write_csv(t, out)
             typer.echo(out.getvalue().decode(), nl=False)
         else:
-            typer.echo(arrow_table_text(t, limit))
+            typer.echo(arrow_table_text(t, 50 if limit is None else limit))
 
     _guard(go)
 

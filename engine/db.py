@@ -281,20 +281,27 @@ class Database:
             query.encode("utf-8")
         except UnicodeEncodeError:
             raise DatabaseError("SQL error: the query is not valid UTF-8 text") from None
+        if self.remote:
+            # reading s3:// or http(s):// needs DuckDB's external access, which would let a query read any file
+            # or address too: ad-hoc SQL runs on a local copy only
+            raise DatabaseError(f"ad-hoc SQL runs on a local database folder, not {self.root} (reading a remote one "
+                                "leaves DuckDB's external access on); copy it locally and pass --db FOLDER")
+        # parsed on the locked connection: DuckDB's default one may install and load extensions or read files
+        # while it parses (PRAGMA create_fts_index, IMPORT DATABASE)
+        self.lock_down()
         try:
-            stmts = duckdb.extract_statements(query)
+            stmts = self.con.extract_statements(query)
         except duckdb.Error as e:
             raise DatabaseError(f"SQL error: {first_line(e)}") from None
         if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
             kinds = ", ".join(str(s.type).split(".")[-1] for s in stmts) or "nothing"
             raise DatabaseError(f"only one SELECT (or WITH ... SELECT) statement is allowed, got {kinds}")
-        self.lock_down()
         # a query that runs past its time is interrupted (DuckDB has no statement timeout of its own)
         timer = threading.Timer(USER_SQL_TIMEOUT_S, self.con.interrupt)
         timer.daemon = True
         timer.start()
         try:
-            return self.sql(query)
+            return _unique_names(self.sql(query))
         except DatabaseError as e:
             if not timer.is_alive() and "interrupt" in str(e).lower():
                 raise DatabaseError(f"the query ran past {USER_SQL_TIMEOUT_S:g} s and was stopped") from None
@@ -353,3 +360,24 @@ class Database:
 
     def close(self) -> None:
         self.con.close()
+
+
+def _unique_names(t: pa.Table) -> pa.Table:
+    """A result's columns under names of their own: a self-join's two latency_us columns would otherwise be one
+    key of a row's dict, and the table or JSON would show one value twice (the second becomes latency_us_2)."""
+    names = t.column_names
+    if len(set(names)) == len(names):
+        return t
+    seen: dict[str, int] = {}
+    taken = set(names)
+    out = []
+    for n in names:
+        k = seen.get(n, 0) + 1
+        seen[n] = k
+        new = n
+        while k > 1 and (new := f"{n}_{k}") in taken:
+            k += 1
+        if k > 1:
+            taken.add(new)
+        out.append(new)
+    return t.rename_columns(out)

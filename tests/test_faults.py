@@ -384,6 +384,33 @@ def test_sql_reads_the_database_and_nothing_else(shipped_copy: Path) -> None:
             d.user_sql(q)
 
 
+def test_sql_parses_on_the_locked_connection_and_names_each_column(shipped_copy: Path, tmp_path: Path) -> None:
+    """A statement is parsed where nothing can load (DuckDB's default connection would fetch the fts extension
+    for a PRAGMA, or read an IMPORT DATABASE folder, before the SELECT check); a self-join's two columns of one name
+    are two columns (the table and JSON showed the first value twice); a remote database runs no ad-hoc SQL
+    (reading it needs external access); --limit holds in every format, and JSON has null for NaN."""
+    d = Database("h200", shipped_copy)
+    (tmp_path / "imp").mkdir()
+    (tmp_path / "imp" / "schema.sql").write_text("CREATE TABLE t(i INTEGER);")
+    (tmp_path / "imp" / "load.sql").write_text("")
+    for q in ("PRAGMA create_fts_index('ops','key','op')", f"IMPORT DATABASE '{tmp_path / 'imp'}'"):
+        with pytest.raises(DatabaseError):
+            d.user_sql(q)
+    t = d.user_sql("SELECT a.latency_us, b.latency_us, 1 AS latency_us_2 FROM ops a JOIN ops b ON a.key = b.key "
+                   "AND a.run = 1 AND b.run = 2 WHERE a.latency_us <> b.latency_us LIMIT 3")
+    assert len(set(t.column_names)) == 3 and t.column_names[0] == "latency_us"
+    assert all(r[t.column_names[0]] != r[t.column_names[1]] for r in t.to_pylist())
+    remote = Database("h200", shipped_copy)
+    remote.remote, remote.root = True, "s3://bucket/prefix"  # (reading a real bucket needs the network)
+    with pytest.raises(DatabaseError, match="local database folder"):
+        remote.user_sql("SELECT 1")
+    r = _cli(["sql", "SELECT range AS i, 'nan'::DOUBLE AS x FROM range(10)", "--db", str(shipped_copy), "--format",
+              "json", "--limit", "3"])
+    assert r.returncode == 0 and json.loads(r.stdout) == [{"i": i, "x": None} for i in range(3)], r.stderr
+    r = _cli(["sql", "SELECT range AS i FROM range(10)", "--db", str(shipped_copy), "--format", "csv", "--limit", "2"])
+    assert r.returncode == 0 and r.stdout.split() == ['"i"', "0", "1"], r.stdout
+
+
 def test_an_edited_snapshot_is_never_read_and_db_verify_names_it(shipped_copy: Path, tmp_path: Path) -> None:
     """The shipped snapshot answers only when its payload is the bytes its header hashed (an edit that keeps the
     header is ignored: the answer is the files'); one whose header was rewritten to match is caught by `db verify`,
