@@ -101,7 +101,11 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
         acts += int((in_flight - 1) * _head_kept_bytes(mp, graph))
     # Later micro-batches run with the gradients of earlier ones; Megatron-Core's DDP holds every gradient
     # in one contiguous buffer (main_grad) allocated when it wraps the model, live through the whole step.
-    grads_live = g if (m > 1 or par.framework == "megatron") else 0
+    # DDP allocates its buckets when it wraps the model; gradient_as_bucket_view makes .grad views into them,
+    # so the gradients take no memory of their own beside the buckets (every micro-batch and the optimizer)
+    ddp_buckets = g if par.dp > 1 and par.zero == 0 and par.framework == "torch" else 0
+    g_own = 0 if ddp_buckets and par.ddp_bucket_view else g
+    grads_live = g_own if (m > 1 or par.framework == "megatron") else 0
     head = mp.head_peak_bytes if stage.last else 0
     transient_bwd = max(head, mp.layer_bwd_transient_bytes if stage.layers else 0)
     if sched == PipeSchedule.GPIPE and par.framework == "torch" and in_flight > 1:
@@ -109,16 +113,14 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
         # gradients exist one micro-batch's activations are gone (allocator trace of the last stage, 2 x
         # H200: every micro-batch's kept tensors and every parameter gradient, no head transient, at the peak)
         one_mb = act_mb + (_head_kept_bytes(mp, graph) if stage.last and graph.meta.traced_layers else 0)
-        start_bwd = w + o + unsharded + max(acts + transient_bwd, g + acts - one_mb + transient_bwd)
+        start_bwd = w + o + unsharded + max(acts + transient_bwd, g_own + acts - one_mb + transient_bwd)
     else:
         start_bwd = w + o + grads_live + acts + unsharded + transient_bwd
     in_bwd = _fsdp_in_backward(stage, par, st, mp, w + o + root_full, g, g_full, per_layer, m) if torch_fsdp else 0
     share = stage.param_numel / traced_numel
     opt_transient = int(mp.opt_peak_bytes * share / (par.dp if par.zero >= 1 else 1))
-    # DDP allocates its buckets when it wraps the model; gradient_as_bucket_view makes .grad views into them
-    ddp_buckets = g if par.dp > 1 and par.zero == 0 and par.framework == "torch" else 0
-    at_opt = w + o + (0 if ddp_buckets and par.ddp_bucket_view else g) + opt_transient + kept_pred
-    at_merge = w + o + g + merged if merged else 0
+    at_opt = w + o + g_own + opt_transient + kept_pred
+    at_merge = w + o + g_own + merged if merged else 0
     buffers = WORKSPACE_BYTES + ddp_buckets + _megatron_attention_buffer(graph, par)
     peak = max(start_bwd, at_opt, at_merge, in_bwd) + buffers
     capacity = int((gpu.memory_bytes - gpu.context_bytes) * (1 - FRAGMENTATION))

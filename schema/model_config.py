@@ -677,9 +677,27 @@ def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
     if cfg.get("model_type") == "llama4":
         cfg, _ = _unwrapped(cfg)
     family, model_type = identify(cfg)
+    _check_unmodelled_keys(cfg, family)
     if family == ArchFamily.GPT2:
         return _parse_gpt2(cfg, name, family, model_type)
     return _parse_decoder(cfg, name, family, model_type)
+
+
+def _check_unmodelled_keys(cfg: dict[str, Any], family: ArchFamily) -> None:
+    """Keys transformers honours that change what runs, refused where the prediction would not honour them."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    for d in (cfg, text):
+        for key in ("attn_implementation", "_attn_implementation"):
+            impl = d.get(key)
+            if impl not in (None, "sdpa"):
+                raise ConfigError(f"{key} {impl!r} is not modelled: transformers' SDPA attention is what is "
+                                  "predicted (eager attention keeps every score matrix; flash and flex attention are "
+                                  "other kernels); drop the key or set it to \"sdpa\""[:300])
+    if family != ArchFamily.TRANSFORMERS and any(d.get("output_router_logits") is True for d in (cfg, text)):
+        # the listed MoE families are traced through the base model, whose router logits make no loss
+        raise ConfigError("output_router_logits true (transformers' load-balancing loss on the router logits) is not "
+                          "modelled for this family: predictions train the language-model loss alone; set it to "
+                          "false (Megatron-Core's own aux loss is modelled with --framework megatron)")
 
 
 def family_label(model: dict[str, Any]) -> str:

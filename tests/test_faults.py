@@ -69,6 +69,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "rope_factor_negative": cfg("rf", rope_scaling={"rope_type": "linear", "factor": -3}),
         "two_architectures": cfg("ta", architectures=["LlamaForCausalLM", "MistralForCausalLM"]),
         "gemma2_window_null": cfg("g2", architectures=["Gemma2ForCausalLM"], model_type="gemma2", sliding_window=None),
+        # keys transformers honours that the prediction would not: refused, not ignored
+        "attn_eager": cfg("ae", attn_implementation="eager"),
+        "router_logits_on": cfg("rl", architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4,
+                                num_experts_per_tok=2, output_router_logits=True),
     }
     for name, text in (("empty", ""), ("not_json", "hidden_size: 4096"), ("json_array", "[1, 2, 3]"),
                        ("json_string", '"llama"'), ("deep_nesting", "[" * 100_000 + "]" * 100_000),
@@ -128,7 +132,8 @@ BAD_INPUTS: list[tuple[str, object]] = [
         "hidden_1e12", "layers_1e9", "heads_negative", "heads_not_dividing", "kv_not_dividing", "vocab_zero",
         "dims_as_strings", "dims_as_bool", "dims_as_float", "rope_negative", "tie_as_string", "unknown_arch",
         "arch_not_list", "unknown_act", "model_type_int", "rope_scaling_string", "rope_factor_negative",
-        "two_architectures", "duplicate_key", "digits_5000", "gemma2_window_null")],
+        "two_architectures", "duplicate_key", "digits_5000", "gemma2_window_null", "attn_eager",
+        "router_logits_on")],
     ("system_unknown_key", lambda f: _predict(f, "llama", "--system", str(f["system_typo"]))),
     # flags
     ("micro_batch_zero", lambda f: _predict(f, "llama", "--micro-batch", "0")),
@@ -137,6 +142,8 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("dp_not_int", lambda f: _predict(f, "llama", "--dp", "two")),
     ("tp_not_dividing", lambda f: _predict(f, "llama", "--tp", "3")),
     ("pp_beyond_layers", lambda f: _predict(f, "llama", "--pp", "1000")),
+    ("pp_fewer_micro_batches", lambda f: _predict(f, "llama", "--pp", "2")),  # Schedule1F1B refuses it
+    ("torch_zero1", lambda f: _predict(f, "llama", "--dp", "2", "--zero", "1")),  # no such PyTorch stack
     ("seq_zero", lambda f: _predict(f, "llama", "--seq-len", "0")),
     ("seq_1e9", lambda f: _predict(f, "llama", "--seq-len", str(10**9))),
     ("global_batch_indivisible", lambda f: _predict(f, "llama", "--dp", "2", "--global-batch", "3")),

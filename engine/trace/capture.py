@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import json
 import logging
 import math
 import time
@@ -538,6 +539,10 @@ def _validate(req: TraceRequest) -> None:
     if req.framework == "megatron" and SETTINGS[req.setting].fp8_recipe:
         raise TraceError("the fp8 settings model torchao float8 training on PyTorch; Megatron-Core's FP8 needs "
                          "Transformer Engine, which is not modelled")
+    if s.family == ArchFamily.TRANSFORMERS and req.tp > 1 and json.loads(s.hf_config or "{}").get(
+            "output_router_logits") is True:  # its own loss (with the router's) runs at TP=1 only
+        raise TraceError("output_router_logits true is modelled at TP=1 (transformers' own loss); under TP the "
+                         "language-model loss is predicted alone: set it to false or use --tp 1")
     if req.ep < 1:
         raise TraceError("EP must be positive")
     if req.ep > 1 and s.family == ArchFamily.TRANSFORMERS:
