@@ -51,6 +51,17 @@ def _model(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
     return load_model_file(p), (p.parent.name if p.name == "config.json" else p.stem)
 
 
+def _where(gpu: Any, db: Any, torch_version: Any) -> tuple[str, str | None, str | None]:
+    """The database a call reads: a GPU name, a root folder (or URL) and a torch version, each of its type."""
+    if not isinstance(gpu, str) or not gpu:
+        raise PredictError(f"gpu= must be a GPU name such as 'h200', got {gpu!r}"[:200])
+    if db is not None and not isinstance(db, str | Path):
+        raise PredictError(f"db= must be a folder path or URL, got {type(db).__name__}")
+    if torch_version is not None and not isinstance(torch_version, str):
+        raise PredictError(f"torch_version= must be a version string such as '2.11.0', got {torch_version!r}"[:200])
+    return gpu, (None if db is None else str(db)), torch_version
+
+
 def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | None = None,
             precision: str | Setting = Setting.AMP_BF16, dp: int | None = None, tp: int | None = None,
             pp: int | None = None, micro_batch: int | None = None, global_batch: int | None = None,
@@ -61,6 +72,7 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
             torch_version: str | None = None) -> Prediction:
     """One prediction; the split as keywords (those left out take ParallelConfig's defaults: DP=TP=PP=1, ...), or
     as a ParallelConfig (`parallel=`), not both. Every refusal is a TpQueryError with a one-line message."""
+    gpu, db, torch_version = _where(gpu, db, torch_version)
     cfg, name = _model(model)
     split = {k: v for k, v in dict(
         dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
@@ -98,6 +110,10 @@ def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, 
     """Every parallel configuration of `gpus` GPUs for this global batch, ranked. The price needs `tokens` (a cost
     is job hours x GPUs x price). With jobs > 1 the candidates are evaluated in spawned processes, which import
     the calling script again: a script that calls search at top level needs `if __name__ == "__main__":`."""
+    try:
+        gpu, db, torch_version = _where(gpu, db, torch_version)
+    except PredictError as e:
+        raise SearchError(str(e)) from None
     cfg, name = _model(model)
     if price_per_gpu_hour is not None and tokens is None:
         raise SearchError("price_per_gpu_hour prices a job: give tokens= too (job hours = tokens / tokens per second)")

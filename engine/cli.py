@@ -186,6 +186,22 @@ def _guard(fn: Any) -> Any:
         _fail(first_line(e))
 
 
+def _check_output(path: Path, flag: str, suffixes: tuple[str, ...]) -> None:
+    """An output file checked before any work: its kind by suffix, an existing writable folder, not a folder
+    or a dangling link itself (each was a raw exception after the work, or a folder made silently)."""
+    if not path.name.lower().endswith(suffixes):
+        raise UserError(f"{flag} must end in {' or '.join(suffixes)}, got {path.name!r}")
+    if path.is_symlink() and not path.exists():
+        raise UserError(f"{flag} {path}: a symbolic link to nothing")
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a folder: give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: folder {parent} does not exist")
+    if (path.exists() and (not path.is_file() or not os.access(path, os.W_OK))) or not os.access(parent, os.W_OK):
+        raise UserError(f"{flag} {path}: cannot write there")
+
+
 @app.command()
 def predict(
     model: Annotated[Path, typer.Argument(help="HF config.json (or its folder) or a graph from `tp-query trace`")],
@@ -435,8 +451,7 @@ def trace(
 
         if recompute not in ("none", "full"):
             raise UserError(f"--recompute must be none or full, got {recompute!r}")
-        if not out.name.endswith((".json", ".json.gz")):
-            raise UserError(f"--out must name a .json or .json.gz graph file, got {out.name!r}")
+        _check_output(out, "--out", (".json", ".json.gz"))
         with _Status("tracing"):
             g = trace_target(target, inputs, precision, optimizer, seq_len, micro_batch, tp, sequence_parallel,
                              recompute == "full", framework)
@@ -466,6 +481,7 @@ def sigs(
 
         if layers is not None and layers < 1:
             raise UserError(f"--layers must be a positive integer, got {layers}")
+        _check_output(out, "--out", (".jsonl",))
         for name, vals, low in (("--seq-len", seq_len, 2), ("--micro-batch", micro_batch, 1), ("--tp", tp, 1)):
             bad = [v for v in vals or [] if v < low]
             if bad:
@@ -514,15 +530,8 @@ def search(
         from tp_query.engine.search import SearchError, SearchSpace
         from tp_query.engine.search import search as run_search
 
-        if output is not None and output.suffix not in (".parquet", ".csv"):
-            raise UserError(f"--output must end in .parquet or .csv, got {output.name!r}")
         if output is not None:  # refused now, not after the search
-            parent = output.parent if str(output.parent) else Path(".")
-            if not parent.is_dir():
-                raise UserError(f"--output {output}: folder {parent} does not exist")
-            if (output.exists() and (not output.is_file() or not os.access(output, os.W_OK))) or \
-                    not os.access(parent, os.W_OK):
-                raise UserError(f"--output {output}: cannot write there")
+            _check_output(output, "--output", (".parquet", ".csv"))
         if emit not in (None, "torchrun", "megatron"):
             raise UserError(f"--emit must be torchrun or megatron, got {emit!r}")
         if emit is not None and as_json:
@@ -573,8 +582,11 @@ def search(
         if emit is not None:
             from tp_query.engine.search import launch_command
 
+            from tp_query.schema.model_config import parse_config
+
             typer.echo(launch_command(res.ranked[0], emit, str(model), seq_len,
-                                      sysspec.gpus_per_node if sysspec else 8))
+                                      sysspec.gpus_per_node if sysspec else 8, optimizer=optimizer,
+                                      spec=parse_config(cfg)))
             return
         if as_json:
             typer.echo(json.dumps({"evaluated": res.evaluated, "seconds": res.seconds,
@@ -631,6 +643,9 @@ def plot(
     def go() -> None:
         from tp_query.engine import plot as P
 
+        if what not in ("breakdown", "latency"):
+            raise UserError("plot what? breakdown | latency")
+        _check_output(out, "--out", P.RASTER_OR_VECTOR)
         if what == "breakdown":
             if model is None:
                 raise UserError("plot breakdown needs --model")

@@ -159,10 +159,14 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
             raise SearchError(f"{what} must be an integer in {low}..{top}, got {v!r}")
     if not space.precisions:
         raise SearchError("the precision list is empty")
-    for what, amount in (("tokens", tokens), ("price per GPU-hour", price_per_gpu_hour)):
+    for what, amount, rule in (("tokens", tokens, "a number in (0, 1e16]: no training run has more"),
+                               ("price per GPU-hour", price_per_gpu_hour, "a finite number >= 0")):
         if amount is not None and (isinstance(amount, bool) or not isinstance(amount, int | float)
-                                   or not math.isfinite(amount) or amount < 0 or (what == "tokens" and amount == 0)):
-            raise SearchError(f"{what} must be a finite positive number, got {amount!r}")
+                                   or not math.isfinite(amount) or amount < 0
+                                   or (what == "tokens" and not 0 < amount <= 1e16)):
+            raise SearchError(f"{what} must be {rule}, got {amount!r}")
+    if space.framework not in ("torch", "megatron"):
+        raise SearchError(f"unknown framework {space.framework!r}: torch or megatron")
     if space.optimizer not in OPTIMIZERS:
         raise SearchError(f"unknown optimizer {space.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
     if not space.micro_batches or any(isinstance(m, bool) or not isinstance(m, int) or not 0 < m <= 1 << 16
@@ -413,9 +417,45 @@ def common_reason(outcomes: list[Outcome]) -> str:
     return reason if n == len(outcomes) else f"{reason} ({n} of {len(outcomes)} configurations)"
 
 
-def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node: int = 8) -> str:
-    """How to launch a configuration: torchrun flags for a PyTorch-native script (the parallel sizes as the
-    script's arguments), or Megatron-LM's pretrain_gpt.py arguments."""
+def _megatron_model_args(spec: ModelSpec) -> list[str]:
+    """pretrain_gpt.py's model flags for a parsed config as the prediction built it (Megatron-Core's local spec)."""
+    a = [f"--num-layers {spec.num_layers}", f"--hidden-size {spec.hidden_size}",
+         f"--num-attention-heads {spec.num_heads}", f"--max-position-embeddings {spec.max_position_embeddings}",
+         "--position-embedding-type rope", f"--rotary-base {spec.rope_theta:g}", "--normalization RMSNorm",
+         *(["--use-rope-scaling"] if spec.rope_type == "llama3" else []),
+         f"--norm-epsilon {spec.norm_eps:g}", "--attention-dropout 0", "--hidden-dropout 0",
+         "--transformer-impl local", "--tokenizer-type NullTokenizer", f"--vocab-size {spec.vocab_size}"]
+    if spec.num_kv_heads != spec.num_heads:
+        a.append(f"--group-query-attention --num-query-groups {spec.num_kv_heads}")
+    if spec.head_dim * spec.num_heads != spec.hidden_size:
+        a.append(f"--kv-channels {spec.head_dim}")
+    if spec.gated_mlp:
+        a.append("--swiglu")
+    if spec.is_moe:
+        a.append(f"--num-experts {spec.num_experts} --moe-router-topk {spec.experts_per_token} "
+                 f"--moe-ffn-hidden-size {spec.moe_intermediate_size}")
+    else:
+        a.append(f"--ffn-hidden-size {spec.intermediate_size}")
+    if not (spec.qkv_bias or spec.o_bias or spec.mlp_bias):
+        a.append("--disable-bias-linear")
+    elif spec.qkv_bias and not (spec.o_bias or spec.mlp_bias):
+        a.append("--disable-bias-linear --add-qkv-bias")
+    if spec.qk_norm:
+        a.append("--qk-layernorm")
+    if not spec.tie_word_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    return a
+
+
+# the optimizer as each launcher names it (Megatron's adam is AdamW: decoupled weight decay)
+_MEGATRON_OPTIMIZER = {"adamw": "adam", "adamw_fused": "adam", "sgd": "sgd"}
+
+
+def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node: int = 8, *,
+                   optimizer: str = "adamw", spec: ModelSpec | None = None) -> str:
+    """How to launch a configuration: torchrun flags for a PyTorch-native script (the parallel sizes, precision
+    and optimizer as the script's arguments), or Megatron-LM's pretrain_gpt.py arguments (with the model's shape
+    when its parsed config is given). Everything the prediction assumed is on the line."""
     p = o.candidate.parallel
     prec = o.candidate.precision.value
     gpus = p.dp * p.tp * p.pp
@@ -435,13 +475,19 @@ def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node
         if p.ep > 1:
             args.append(f"--expert-model-parallel-size {p.ep} --moe-token-dispatcher-type alltoall")
         if p.recompute:
-            args.append("--recompute-granularity full --recompute-method uniform")
+            args.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+        if p.pp_schedule == "interleaved":
+            args.append("--num-layers-per-virtual-pipeline-stage "
+                        f"{spec.num_layers // (2 * p.pp) if spec else '<layers / (2 x PP)>'}")
+        args.append(f"--optimizer {_MEGATRON_OPTIMIZER.get(optimizer, optimizer)}")
+        if spec is not None:
+            args += _megatron_model_args(spec)
         return head + f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py " + \
             " ".join(a for a in args if a)
     dp_kind = {0: "ddp", 2: "fsdp2 --reshard-after-forward false", 3: "fsdp2"}[p.zero]
     return head + (f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} train.py --config {model} "
                    f"--dp {p.dp} --tp {p.tp} --pp {p.pp} --data-parallel {dp_kind} --micro-batch {p.micro_batch} "
-                   f"--global-batch {p.global_batch} --seq-len {seq_len} --precision {prec}"
+                   f"--global-batch {p.global_batch} --seq-len {seq_len} --precision {prec} --optimizer {optimizer}"
                    + (" --sequence-parallel" if p.sequence_parallel else "")
                    + (" --activation-checkpointing full" if p.recompute else "")
                    + f" --pp-schedule {p.pp_schedule}"

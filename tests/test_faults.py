@@ -108,6 +108,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     g = d / "graph_empty_meta.json"
     g.write_text(json.dumps({"format": "tp-query-graph/1", "meta": {}, "params": [], "memory": {}, "ops": []}))
     out["graph_empty_meta"] = g
+    (d / "dangling.csv").symlink_to(d / "no-such-folder" / "x.csv")
+    out["dangling"] = d / "dangling.csv"
     return out
 
 
@@ -144,6 +146,14 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("pp_beyond_layers", lambda f: _predict(f, "llama", "--pp", "1000")),
     ("pp_fewer_micro_batches", lambda f: _predict(f, "llama", "--pp", "2")),  # Schedule1F1B refuses it
     ("torch_zero1", lambda f: _predict(f, "llama", "--dp", "2", "--zero", "1")),  # no such PyTorch stack
+    # output files refused before any work (each was a raw exception after it, or a folder made silently)
+    ("plot_out_folder", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o", str(f["llama"].parent)]),
+    ("plot_out_missing_folder", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o",
+                                           "/nonexistent/x.svg"]),
+    ("plot_out_csv", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o", "/tmp/x.csv"]),
+    ("trace_out_missing_folder", lambda f: ["trace", str(f["llama"]), "-o", "/nonexistent/g.json"]),
+    ("search_out_dangling_link", lambda f: ["search", str(f["llama"]), "--gpus", "2", "--global-batch", "2",
+                                            "--output", str(f["dangling"])]),
     ("seq_zero", lambda f: _predict(f, "llama", "--seq-len", "0")),
     ("seq_1e9", lambda f: _predict(f, "llama", "--seq-len", str(10**9))),
     ("global_batch_indivisible", lambda f: _predict(f, "llama", "--dp", "2", "--global-batch", "3")),

@@ -164,6 +164,19 @@ def test_api_inputs_are_checked_not_coerced(cpu_db: Path, tiny_llama_file: Path)
             api_predict(tiny_llama_file, **kw, **extra)  # type: ignore[arg-type]
     with pytest.raises(TpQueryError, match="JSON text"):
         api_predict(json.dumps(TINY_LLAMA), **kw)  # type: ignore[arg-type]
+    # where the answer comes from, and the stack: each of its type (an AttributeError or TypeError before)
+    from tp_query.engine.api import search as api_search
+    for where, msg in (({"gpu": None}, "gpu="), ({"gpu": 5}, "gpu="), ({"db": []}, "db="),
+                       ({"torch_version": []}, "torch_version=")):
+        with pytest.raises(TpQueryError, match=msg):
+            api_predict(tiny_llama_file, **{**kw, **where})  # type: ignore[arg-type]
+        with pytest.raises(TpQueryError, match=msg):
+            api_search(tiny_llama_file, gpus=2, global_batch=4, seq_len=64, **{"gpu": "cpu", "db": str(cpu_db),
+                                                                              **where})  # type: ignore[arg-type]
+    for fw in ("jax", None):
+        with pytest.raises(TpQueryError, match="unknown framework"):
+            api_search(tiny_llama_file, gpus=2, global_batch=4, seq_len=64, gpu="cpu", db=str(cpu_db),
+                       framework=fw)  # type: ignore[arg-type]
     # numpy's integers and bools are the numbers they hold
     a = api_predict(tiny_llama_file, **kw, dp=np.int64(2), recompute=np.bool_(True))  # type: ignore[arg-type]
     b = api_predict(tiny_llama_file, **kw, dp=2, recompute=True)  # type: ignore[arg-type]
@@ -306,10 +319,15 @@ def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Pa
     r = run_cli(*mcore, "--json")
     assert r.returncode == 0, r.stderr
     best = json.loads(r.stdout)["ranked"][0]
-    r = run_cli(*mcore, "--emit", "megatron")
+    r = run_cli(*mcore, "--emit", "megatron", "--optimizer", "sgd")
     assert r.returncode == 0, r.stderr
     assert f"--tensor-model-parallel-size {best['tp']} " in r.stdout and "pretrain_gpt.py" in r.stdout
     assert "--global-batch-size 8" in r.stdout and "--bf16" in r.stdout
+    # everything the prediction assumed is on the line: the optimizer and the model's shape
+    assert "--optimizer sgd" in r.stdout and f"--num-layers {TINY_LLAMA['num_hidden_layers']} " in r.stdout
+    assert f"--hidden-size {TINY_LLAMA['hidden_size']} " in r.stdout and "--swiglu" in r.stdout
+    r = run_cli(*base, "--emit", "torchrun", "--optimizer", "sgd")
+    assert r.returncode == 0 and "--optimizer sgd" in r.stdout, r.stderr
     r = run_cli(*base, "--output", str(tmp_path / "x.xlsx"))
     assert r.returncode == 2 and "--output must end in .parquet or .csv" in r.stderr
 

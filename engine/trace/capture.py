@@ -535,7 +535,9 @@ def _validate(req: TraceRequest) -> None:
     if req.framework == "megatron" and req.setting.value not in MEGATRON_SETTINGS and \
             not SETTINGS[req.setting].fp8_recipe:
         raise TraceError(f"Megatron-Core trains with --bf16/--fp16 (half parameters, fp32 main parameters: "
-                         f"mp_bf16/mp_fp16) or in fp32 (fp32/tf32), not {req.setting.value} (a PyTorch setting)")
+                         f"mp_bf16/mp_fp16) or in fp32 (fp32/tf32); the precision setting is {req.setting.value} "
+                         f"(a PyTorch setting{', the default' if req.setting == Setting.AMP_BF16 else ''}): "
+                         f"give --precision mp_bf16")
     if req.framework == "megatron" and SETTINGS[req.setting].fp8_recipe:
         raise TraceError("the fp8 settings model torchao float8 training on PyTorch; Megatron-Core's FP8 needs "
                          "Transformer Engine, which is not modelled")
