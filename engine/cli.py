@@ -581,7 +581,6 @@ def search(
                 frame.write_csv(output)
         if emit is not None:
             from tp_query.engine.search import launch_command
-
             from tp_query.schema.model_config import parse_config
 
             typer.echo(launch_command(res.ranked[0], emit, str(model), seq_len,
