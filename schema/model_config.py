@@ -602,7 +602,7 @@ def hf_class_defaults() -> dict[str, Any]:
     """The shipped table of transformers' config-class defaults (format, transformers version, per model type)."""
     path = Path(__file__).with_name("hf_config_defaults.json")
     table = json.loads(path.read_text())
-    if table.get("format") != "tp-query-hf-config-defaults/1":
+    if table.get("format") != "tp-query-hf-config-defaults/2":
         raise ConfigError(f"{path.name}: unknown format {table.get('format')!r}")
     return dict(table)
 
@@ -612,7 +612,16 @@ def with_class_defaults(cfg: dict[str, Any], model_type: str, family: ArchFamily
     """The config with its model type's class defaults for the keys it leaves out (a key given as null keeps null,
     as transformers passes None on), and the defaults taken. A model type known only to transformers keeps its
     own rule for which layers slide (the trace checks the spec's reading against transformers' config object)."""
-    d = hf_class_defaults()["model_types"].get(model_type, {})
+    table = hf_class_defaults()
+    aliases = table.get("aliases", {}).get(model_type, {})
+    if aliases:  # a key under either of its names (attribute_map: transformers 5 saves Qwen3-MoE's num_experts as
+        cfg = dict(cfg)  # num_local_experts), so a default never replaces a value given under the other name
+        for alias, canon in aliases.items():
+            if alias in cfg and canon not in cfg:
+                cfg[canon] = cfg[alias]
+            elif canon in cfg and alias not in cfg:
+                cfg[alias] = cfg[canon]
+    d = table["model_types"].get(model_type, {})
     own = family == ArchFamily.TRANSFORMERS
     taken = {k: v for k, v in d.items() if k not in cfg and not (own and k in _WINDOW_KEYS)}
     return ({**cfg, **taken}, taken) if taken else (cfg, {})

@@ -149,3 +149,26 @@ def test_an_unused_default_window_is_not_named() -> None:
     m["architectures"] = ["MistralForCausalLM"]
     assert parse_config(m).sliding_window == transformers.MistralConfig().sliding_window
     assert any(f"sliding_window={transformers.MistralConfig().sliding_window}" in n for n in config_notes(m))
+
+
+def test_configs_as_transformers_5_saves_them(cpu_db: Path) -> None:
+    """transformers >= 4.53 saves every layer's kind (`layer_types`, all full_attention for Qwen3, SmolLM3, dots1)
+    and transformers 5 saves Qwen3-MoE's experts as num_local_experts (its attribute_map): such a file is the
+    model it was saved from (the list was refused, the experts taken as the class's 128)."""
+    from tp_query.engine.api import predict
+
+    tiny = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 128,
+            "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "num_hidden_layers": 4, "vocab_size": 512, "max_position_embeddings": 256}
+    saved = {**tiny, "layer_types": ["full_attention"] * 4}
+    kw = dict(gpu="cpu", db=str(cpu_db), seq_len=64)
+    a, b = predict(tiny, **kw), predict(saved, **kw)  # type: ignore[arg-type]
+    assert b.iteration_ms == pytest.approx(a.iteration_ms, rel=1e-9) and b.parameters == a.parameters
+    moe = {**tiny, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "moe_intermediate_size": 64,
+           "num_experts_per_tok": 2}
+    for key in ("num_experts", "num_local_experts"):
+        spec = parse_config({**moe, key: 16})
+        assert spec.num_experts == 16
+        assert not any("num_experts" in n for n in config_notes({**moe, key: 16}))
+    assert transformers.AutoConfig.for_model("qwen3_moe", **{k: v for k, v in moe.items() if k != "model_type"},
+                                             num_local_experts=16).num_experts == 16

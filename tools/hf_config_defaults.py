@@ -28,6 +28,7 @@ def table() -> dict[str, Any]:
     from schema.model_config import DEFAULTED_KEYS
 
     types: dict[str, dict[str, Any]] = {}
+    aliases: dict[str, dict[str, str]] = {}
     for mt in sorted(CONFIG_MAPPING_NAMES):
         try:
             cls = CONFIG_MAPPING[mt]
@@ -50,7 +51,13 @@ def table() -> dict[str, Any]:
             row["rope_theta"] = float(theta)
         if row:
             types[mt] = row
-    return {"format": "tp-query-hf-config-defaults/1", "transformers": transformers.__version__, "model_types": types}
+        # the other name of a key the parser reads (attribute_map: alias -> the attribute a saved config writes)
+        amap = {a: c for a, c in getattr(cls, "attribute_map", {}).items()
+                if isinstance(a, str) and isinstance(c, str) and (a in DEFAULTED_KEYS or c in DEFAULTED_KEYS)}
+        if amap:
+            aliases[mt] = amap
+    return {"format": "tp-query-hf-config-defaults/2", "transformers": transformers.__version__,
+            "model_types": types, "aliases": aliases}
 
 
 def main() -> None:

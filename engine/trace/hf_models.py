@@ -162,6 +162,8 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     cfg["num_hidden_layers"] = spec.num_layers
     if spec.layer_types:
         cfg["layer_types"] = list(spec.layer_types)
+    elif isinstance(cfg.get("layer_types"), list):  # every layer full (as transformers >= 4.53 saves the list)
+        cfg["layer_types"] = ["full_attention"] * spec.num_layers
     _write_depth_kinds(cfg, spec)
     if "head_dim" not in cfg and spec.family not in (ArchFamily.GPT_NEOX, ArchFamily.TRANSFORMERS):
         cfg["head_dim"] = spec.head_dim
@@ -221,8 +223,10 @@ def _config_object(cfg: dict[str, Any]) -> Any:
     try:
         return _transformers().AutoConfig.for_model(mt, **cfg)
     except Exception as e:  # a model type's own config checks, in one line
+        # the reason, not only its heading (a validator's message puts the why on the following lines)
+        why = " ".join(x.strip() for x in str(e).splitlines() if x.strip()) or type(e).__name__
         raise ConfigError(f"transformers {_transformers().__version__} cannot build a {mt!r} config: "
-                          f"{first_line(e)}") from None
+                          f"{why}"[:400]) from None
 
 
 def attention_implementation(cfg: Any) -> str:
