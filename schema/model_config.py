@@ -490,11 +490,11 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
 # Config keys by which transformers' model types mix layers along the depth in ways not modelled here (recurrent
 # blocks, interleaved MoE steps and ranges): a traced cut of the first layers would stand for layers it does not
 # contain. The MLP and RoPE rules `depth_kinds` reads are modelled.
-_MIXED_DEPTH_KEYS = ("moe_layer_freq", "moe_layer_start_index", "hybrid_override_pattern",
+_MIXED_DEPTH_KEYS = ("moe_layer_freq", "hybrid_override_pattern",
                      "layers_block_type", "attn_layer_indices", "full_attn_idxs")
 # Keys `depth_kinds` reads: a trace of a cut writes them for the layers it keeps (engine/trace/hf_models.py)
 MLP_DEPTH_KEYS = ("mlp_layer_types", "first_k_dense_replace", "mlp_only_layers", "decoder_sparse_step", "moe_layers",
-                  "interleave_moe_layer_step")
+                  "interleave_moe_layer_step", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval")
 ROPE_DEPTH_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 
 
@@ -512,6 +512,7 @@ DEPTH_DEFAULTS: dict[str, dict[str, Any]] = {
     "exaone_moe": {"first_k_dense_replace": 1}, "deepseek_v3": {"first_k_dense_replace": 3},
     "llama4_text": {"no_rope_layer_interval": 4, "interleave_moe_layer_step": 1, "attention_chunk_size": 8192},
     "smollm3": {"no_rope_layer_interval": 4},
+    "ernie4_5_moe": {"moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1},
 }
 
 
@@ -550,6 +551,16 @@ def depth_kinds(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[boo
         given_moe = cfg.get("moe_layers")
         moe = set(_int_list("moe_layers", given_moe, 0)) if given_moe is not None else set(range(step - 1, n, step))
         mlp = ["sparse" if i in moe else "dense" for i in range(n)]
+    elif cfg.get("moe_layer_start_index") is not None:
+        # ERNIE-4.5-MoE: layer i is sparse when (i + 1) % interval == 0 and start <= i <= end (-1: the last layer)
+        start = cfg["moe_layer_start_index"]
+        end = cfg.get("moe_layer_end_index", -1)
+        every = _pos_int("moe_layer_interval", cfg.get("moe_layer_interval") or 1)
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in (start, end)) or start < 0 or end < -1:
+            raise ConfigError(f"moe_layer_start_index / moe_layer_end_index must be layer indices, got {start!r} / "
+                              f"{end!r}")
+        last = n - 1 if end == -1 else end
+        mlp = ["sparse" if (i + 1) % every == 0 and start <= i <= last else "dense" for i in range(n)]
     elif cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) not in (1, None):
         only = set(_int_list("mlp_only_layers", cfg.get("mlp_only_layers") or [], 0))
         step = _pos_int("decoder_sparse_step", cfg.get("decoder_sparse_step") or 1)

@@ -172,3 +172,19 @@ def test_configs_as_transformers_5_saves_them(cpu_db: Path) -> None:
         assert not any("num_experts" in n for n in config_notes({**moe, key: 16}))
     assert transformers.AutoConfig.for_model("qwen3_moe", **{k: v for k, v in moe.items() if k != "model_type"},
                                              num_local_experts=16).num_experts == 16
+
+
+def test_ernie_moe_layer_range_is_read_as_transformers_builds_it() -> None:
+    """ERNIE-4.5-MoE: layer i is sparse when (i + 1) % interval == 0 and start <= i <= end, end -1 the last layer
+    (its decoder layer's rule; the class defaults start 1, end -1, interval 1); it was refused."""
+    from tp_query.schema.model_config import depth_kinds
+
+    cfg = {"model_type": "ernie4_5_moe"}
+    assert depth_kinds(cfg, 4)[0] == ("dense", "sparse", "sparse", "sparse")  # the class defaults
+    assert depth_kinds({**cfg, "moe_layer_start_index": 0, "moe_layer_end_index": 4, "moe_layer_interval": 2}, 6)[0] \
+        == ("dense", "sparse", "dense", "sparse", "dense", "dense")
+    obj = transformers.AutoConfig.for_model("ernie4_5_moe", num_hidden_layers=6, moe_layer_start_index=0,
+                                            moe_layer_end_index=4, moe_layer_interval=2)
+    want = tuple("sparse" if (i + 1) % obj.moe_layer_interval == 0 and obj.moe_layer_start_index <= i
+                 <= obj.moe_layer_end_index else "dense" for i in range(6))
+    assert depth_kinds(obj.to_dict(), 6)[0] == want

@@ -198,6 +198,12 @@ def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
             cfg["mlp_layer_types"] = kinds
         elif "moe_layers" in own or "interleave_moe_layer_step" in own:
             cfg["moe_layers"] = [i for i, x in enumerate(kinds) if x == "sparse"]
+        elif own.get("moe_layer_start_index") is not None:  # ERNIE-4.5-MoE's range of sparse layers
+            k = kinds.count("dense")
+            if kinds != ["dense"] * k + ["sparse"] * (n - k):
+                raise ConfigError(f"{spec.model_type}: dense layers after sparse ones cannot be written as "
+                                  f"moe_layer_start_index")
+            cfg.update(moe_layer_start_index=k, moe_layer_end_index=n - 1, moe_layer_interval=1)
         elif own.get("first_k_dense_replace"):
             k = kinds.count("dense")
             if kinds != ["dense"] * k + ["sparse"] * (n - k):
