@@ -269,7 +269,14 @@ def graph_for(req: PredictRequest) -> Graph:
             for k in ("seq-len", "micro-batch"):
                 traced.pop(k)
                 asked.pop(k)
-        diff = [f"--{k} {asked[k]} (graph: {traced[k]})" for k in traced if asked[k] != traced[k]]
+        def flag(k: str, v: Any) -> str:  # as the CLI spells it: --recompute full|none, --sequence-parallel on|off
+            if k == "recompute":
+                return "full" if v else "none"
+            if isinstance(v, bool):
+                return "on" if v else "off"
+            return str(v)
+
+        diff = [f"--{k} {flag(k, asked[k])} (graph: {flag(k, traced[k])})" for k in traced if asked[k] != traced[k]]
         if diff:
             raise PredictError("a graph file answers only for what it was traced with: " + ", ".join(diff) +
                                "; pass the graph's values or trace again")

@@ -108,6 +108,9 @@ def test_trace_a_user_module(tmp_path: Path, cpu_db: Path) -> None:
     assert json.loads(r.stdout)["iteration_ms"] > 0
     r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--tp", "2")
     assert r.returncode == 2 and "runs as traced" in r.stderr
+    # a flag the graph was not traced with is named as the CLI spells it
+    r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--recompute", "full")
+    assert r.returncode == 2 and "--recompute full (graph: none)" in r.stderr, r.stderr
 
 
 def test_ops_roll_up_by_kind_and_phase(cpu_db: Path, tiny_llama_file: Path) -> None:
