@@ -357,6 +357,27 @@ _TIED_DEFAULT = {ArchFamily.GEMMA2: True, ArchFamily.GEMMA3: True}
 _ACTS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "relu", "gelu_new", "gelu_fast")
 
 
+def _transformers_layer_types(cfg: dict[str, Any], model_type: str, n: int) -> tuple[str, ...] | None:
+    """The layer kinds transformers' own config class derives for a model type known only to it, when the config
+    states a window but no list (None where transformers is not installed or derives none). Only such configs pay
+    for importing transformers here; every other reading needs no import."""
+    try:
+        from transformers import (
+            AutoConfig,  # the [trace] extra: a transformers-only type is traced with it anyway
+        )
+    except ImportError:
+        return None
+    keep = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map", "text_config",
+                                                        "vision_config", "quantization_config")}
+    try:
+        own = getattr(AutoConfig.for_model(model_type, **{**keep, "num_hidden_layers": n}), "layer_types", None)
+    except Exception:  # its own refusal comes from the trace, with the reason
+        return None
+    if not (isinstance(own, list | tuple) and len(own) >= n and all(isinstance(x, str) and x for x in own[:n])):
+        return None
+    return tuple(own[:n])
+
+
 def _layer_types(cfg: dict[str, Any], family: ArchFamily, model_type: str, n: int, window: int | None
                  ) -> tuple[str, ...]:
     """Which layers attend within the sliding window, as transformers 5.17's configs decide."""
@@ -369,8 +390,9 @@ def _layer_types(cfg: dict[str, Any], family: ArchFamily, model_type: str, n: in
                               (" (or the model type's own layer kinds)" if generic else ""))
         lt = tuple(given[:n])
     elif generic and window is not None:
-        # which layers a window applies to is the model type's own rule in transformers; the trace checks it
-        lt = (SLIDING,) * n
+        # which layers a window applies to is the model type's own rule in transformers (Cohere2's every 4th layer
+        # full, from its class's sliding_window_pattern); the trace checks the reading against it
+        lt = _transformers_layer_types(cfg, model_type, n) or (SLIDING,) * n
     elif window is None:
         lt = (FULL,) * n
     elif family == ArchFamily.GEMMA2:
@@ -705,7 +727,8 @@ def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
 
 def _check_unmodelled_keys(cfg: dict[str, Any], family: ArchFamily) -> None:
     """Keys transformers honours that change what runs, refused where the prediction would not honour them."""
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    inner = cfg.get("text_config")
+    text: dict[str, Any] = inner if isinstance(inner, dict) else {}
     for d in (cfg, text):
         for key in ("attn_implementation", "_attn_implementation"):
             impl = d.get(key)

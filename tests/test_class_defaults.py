@@ -188,3 +188,15 @@ def test_ernie_moe_layer_range_is_read_as_transformers_builds_it() -> None:
     want = tuple("sparse" if (i + 1) % obj.moe_layer_interval == 0 and obj.moe_layer_start_index <= i
                  <= obj.moe_layer_end_index else "dense" for i in range(6))
     assert depth_kinds(obj.to_dict(), 6)[0] == want
+
+
+def test_a_transformers_only_type_slides_by_its_own_rule() -> None:
+    """A model type known only to transformers whose config states a window but no layer_types (Command R7B as
+    published: cohere2, every 4th layer full by its class) takes transformers' own layer kinds (it was refused:
+    the reading assumed every layer slides)."""
+    cfg = {"model_type": "cohere2", "architectures": ["Cohere2ForCausalLM"], "hidden_size": 256,
+           "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 8,
+           "vocab_size": 1000, "sliding_window": 128}
+    own = transformers.AutoConfig.for_model(**cfg).layer_types
+    assert len(set(own)) == 2  # the test means something: the class mixes full and sliding layers
+    assert parse_config(cfg).layer_types == tuple(own)
