@@ -40,7 +40,9 @@ def test_depth_rules_read_each_layers_kind() -> None:
     # a model type's own default for a key its config leaves out or empty (Llama-4 lists no_rope_layers as [])
     assert depth_kinds({"model_type": "llama4_text", "no_rope_layers": []}, 4) == ((), (True, True, True, False))
     assert depth_kinds({"model_type": "glm4_moe"}, 3) == (("dense", "sparse", "sparse"), ())
-    for bad in ({"moe_layer_freq": 2}, {"moe_layer_start_index": 1},
+    # ERNIE-4.5-MoE: sparse where (i + 1) % interval == 0 and start <= i <= end (-1: the last layer)
+    assert depth_kinds({"moe_layer_start_index": 1}, 4) == (("dense", "sparse", "sparse", "sparse"), ())
+    for bad in ({"moe_layer_freq": 2}, {"layers_block_type": ["mamba", "attention"]},
                 {"hybrid_override_pattern": "M*M*"}):
         with pytest.raises(ConfigError, match="not modelled"):
             depth_kinds(bad, 4)
