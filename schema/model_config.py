@@ -421,9 +421,11 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
     head_dim = cfg.get("head_dim")
     if head_dim is None:
-        if h % heads:
+        if h % heads and family != ArchFamily.TRANSFORMERS:
             raise ConfigError(f"hidden_size {h} is not divisible by num_attention_heads {heads}")
-        head_dim = h // heads
+        # (a model type known only to transformers sizes its heads itself, multi-head latent attention by its
+        # qk/v head sizes: the spec's nominal head size is never handed to transformers)
+        head_dim = max(1, h // heads)
     theta, rtype = _rope(cfg)
     n_layers = _pos_int("num_hidden_layers", _need(cfg, "num_hidden_layers"))
     act = str(_need(cfg, *_ACT_KEYS.get(family, ("hidden_act", "hidden_activation")),

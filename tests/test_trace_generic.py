@@ -225,3 +225,19 @@ def test_generic_tp_divides_a_column_parallel_heads_bias() -> None:
     w1, w2 = _shapes(g1), _shapes(g2)
     bias = next(n for n in w1 if n.endswith("lm_head.bias"))
     assert w2[bias][0] * 2 == w1[bias][0]
+
+
+def test_latent_attention_with_its_own_mlp_list_traces() -> None:
+    """GLM-4.7-Flash's glm4_moe_lite: heads that do not divide the hidden size (its attention is latent, sized by
+    qk/v head sizes) and a config class that derives its MLP kinds as a list, ignoring first_k_dense_replace: the
+    cut's kinds are written as that list (both were refused)."""
+    cfg = {"model_type": "glm4_moe_lite", "architectures": ["Glm4MoeLiteForCausalLM"], "hidden_size": 120,
+           "num_attention_heads": 7, "num_key_value_heads": 7, "intermediate_size": 256, "moe_intermediate_size": 64,
+           "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+           "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+           "num_hidden_layers": 4, "vocab_size": 512, "n_group": 1, "topk_group": 1}
+    spec = parse_config(cfg)
+    assert spec.mlp_layer_types[:2] == ("dense", "sparse")
+    g = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
+    kinds = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"}).mlp_layer_types
+    assert set(kinds) == {"dense", "sparse"} and g.ops

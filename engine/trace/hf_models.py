@@ -17,6 +17,8 @@ tests/test_trace_families.py checks the TP=1 graphs against transformers' own Ca
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 from typing import Any, cast
 
@@ -187,6 +189,17 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     return _config_object(cfg)
 
 
+@functools.cache
+def _takes_mlp_layer_types(model_type: str) -> bool:
+    """Whether transformers' config class of a model type takes the per-layer MLP kinds as a list."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        return "mlp_layer_types" in inspect.signature(CONFIG_MAPPING[model_type].__init__).parameters
+    except Exception:  # a model type transformers does not know: its own refusal comes when it is built
+        return False
+
+
 def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
     """The config keys that say which layers are dense or sparse and which apply RoPE, rewritten for the layers
     `spec` keeps (a trace's cut holds one layer of each kind), in the spelling the model type reads."""
@@ -194,7 +207,8 @@ def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
     own = with_depth_defaults(cfg)  # the keys the model type reads, its defaults included
     if spec.mlp_layer_types:
         kinds = list(spec.mlp_layer_types)
-        if "mlp_layer_types" in cfg:
+        if "mlp_layer_types" in cfg or _takes_mlp_layer_types(str(cfg.get("model_type"))):
+            # (a class that derives its own list, GLM-4.7-Flash's glm4_moe_lite, ignores first_k_dense_replace)
             cfg["mlp_layer_types"] = kinds
         elif "moe_layers" in own or "interleave_moe_layer_step" in own:
             cfg["moe_layers"] = [i for i, x in enumerate(kinds) if x == "sparse"]
