@@ -51,14 +51,16 @@ def _model(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
     return load_model_file(p), (p.parent.name if p.name == "config.json" else p.stem)
 
 
-def _where(gpu: Any, db: Any, torch_version: Any) -> tuple[str, str | None, str | None]:
-    """The database a call reads: a GPU name, a root folder (or URL) and a torch version, each of its type."""
+def _where(gpu: Any, db: Any, torch_version: Any, error: type[TpQueryError] = PredictError
+           ) -> tuple[str, str | None, str | None]:
+    """The database a call reads: a GPU name, a root folder (or URL) and a torch version, each of its type (a
+    wrong one refused as the calling function's error)."""
     if not isinstance(gpu, str) or not gpu:
-        raise PredictError(f"gpu= must be a GPU name such as 'h200', got {gpu!r}"[:200])
+        raise error(f"gpu= must be a GPU name such as 'h200', got {gpu!r}"[:200])
     if db is not None and not isinstance(db, str | Path):
-        raise PredictError(f"db= must be a folder path or URL, got {type(db).__name__}")
+        raise error(f"db= must be a folder path or URL, got {type(db).__name__}")
     if torch_version is not None and not isinstance(torch_version, str):
-        raise PredictError(f"torch_version= must be a version string such as '2.11.0', got {torch_version!r}"[:200])
+        raise error(f"torch_version= must be a version string such as '2.11.0', got {torch_version!r}"[:200])
     return gpu, (None if db is None else str(db)), torch_version
 
 
@@ -110,10 +112,7 @@ def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, 
     """Every parallel configuration of `gpus` GPUs for this global batch, ranked. The price needs `tokens` (a cost
     is job hours x GPUs x price). With jobs > 1 the candidates are evaluated in spawned processes, which import
     the calling script again: a script that calls search at top level needs `if __name__ == "__main__":`."""
-    try:
-        gpu, db, torch_version = _where(gpu, db, torch_version)
-    except PredictError as e:
-        raise SearchError(str(e)) from None
+    gpu, db, torch_version = _where(gpu, db, torch_version, SearchError)
     cfg, name = _model(model)
     if price_per_gpu_hour is not None and tokens is None:
         raise SearchError("price_per_gpu_hour prices a job: give tokens= too (job hours = tokens / tokens per second)")

@@ -368,16 +368,14 @@ def _unique_names(t: pa.Table) -> pa.Table:
     names = t.column_names
     if len(set(names)) == len(names):
         return t
-    seen: dict[str, int] = {}
     taken = set(names)
-    out = []
+    out: list[str] = []
     for n in names:
-        k = seen.get(n, 0) + 1
-        seen[n] = k
-        new = n
-        while k > 1 and (new := f"{n}_{k}") in taken:
-            k += 1
-        if k > 1:
-            taken.add(new)
-        out.append(new)
+        if n in out:  # a later column of a name: the first free name_2, name_3, ...
+            k = 2
+            while f"{n}_{k}" in taken:
+                k += 1
+            n = f"{n}_{k}"
+            taken.add(n)
+        out.append(n)
     return t.rename_columns(out)

@@ -349,10 +349,7 @@ class StepSchedule:
         copy = next((p for p in self.stages[-1].params if p.name == "head.lm_head.weight"), None)
         if copy is None:
             return 0.0
-        numel = 1
-        for d in copy.shape:
-            numel *= d
-        return self.eng.comm.estimate("all_reduce", 4.0 * numel, 2, per_node=self._p2p_per_node()).us
+        return self.eng.comm.estimate("all_reduce", 4.0 * copy.numel, 2, per_node=self._p2p_per_node()).us
 
     def _p2p_bytes(self) -> float:
         spec = self.g.meta.model

@@ -367,8 +367,7 @@ def _transformers_layer_types(cfg: dict[str, Any], model_type: str, n: int) -> t
         )
     except ImportError:
         return None
-    keep = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "auto_map", "text_config",
-                                                        "vision_config", "quantization_config")}
+    keep = {k: v for k, v in cfg.items() if k not in _HF_DROP and k != "model_type"}
     try:
         own = getattr(AutoConfig.for_model(model_type, **{**keep, "num_hidden_layers": n}), "layer_types", None)
     except Exception:  # its own refusal comes from the trace, with the reason

@@ -200,6 +200,14 @@ def _takes_mlp_layer_types(model_type: str) -> bool:
         return False
 
 
+def _dense_first(kinds: list[str], spec: ModelSpec, key: str) -> int:
+    """How many dense layers lead a cut whose kinds are dense then sparse (what `key` can say), or a refusal."""
+    k = kinds.count("dense")
+    if kinds != ["dense"] * k + ["sparse"] * (len(kinds) - k):
+        raise ConfigError(f"{spec.model_type}: dense layers after sparse ones cannot be written as {key}")
+    return k
+
+
 def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
     """The config keys that say which layers are dense or sparse and which apply RoPE, rewritten for the layers
     `spec` keeps (a trace's cut holds one layer of each kind), in the spelling the model type reads."""
@@ -213,17 +221,10 @@ def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
         elif "moe_layers" in own or "interleave_moe_layer_step" in own:
             cfg["moe_layers"] = [i for i, x in enumerate(kinds) if x == "sparse"]
         elif own.get("moe_layer_start_index") is not None:  # ERNIE-4.5-MoE's range of sparse layers
-            k = kinds.count("dense")
-            if kinds != ["dense"] * k + ["sparse"] * (n - k):
-                raise ConfigError(f"{spec.model_type}: dense layers after sparse ones cannot be written as "
-                                  f"moe_layer_start_index")
+            k = _dense_first(kinds, spec, "moe_layer_start_index")
             cfg.update(moe_layer_start_index=k, moe_layer_end_index=n - 1, moe_layer_interval=1)
         elif own.get("first_k_dense_replace"):
-            k = kinds.count("dense")
-            if kinds != ["dense"] * k + ["sparse"] * (n - k):
-                raise ConfigError(f"{spec.model_type}: dense layers after sparse ones cannot be written as "
-                                  f"first_k_dense_replace")
-            cfg["first_k_dense_replace"] = k
+            cfg["first_k_dense_replace"] = _dense_first(kinds, spec, "first_k_dense_replace")
         else:
             cfg["mlp_only_layers"] = [i for i, x in enumerate(kinds) if x == "dense"]
             cfg["decoder_sparse_step"] = 1
