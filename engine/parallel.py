@@ -16,6 +16,12 @@ class PlanError(TpQueryError):
     """An impossible parallel configuration (one line for the user)."""
 
 
+# The ZeRO stages each stack has, one rule for validation, prediction and search: PyTorch's DDP (0) and FSDP2
+# (2: reshard_after_forward=False, 3: True), with no ZeRO-1 (ZeroRedundancyOptimizer is not modelled);
+# Megatron-Core's DDP (0) and its distributed optimizer (1), which shards optimizer state only.
+STACK_ZERO_STAGES: dict[str, tuple[int, ...]] = {"torch": (0, 2, 3), "megatron": (0, 1)}
+
+
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
     """Every parallel dimension of one job, validated once when it is built (an invalid one cannot exist);
@@ -89,7 +95,7 @@ class ParallelConfig:
 
     def unmodelled(self) -> str:
         """Why this valid split is not predicted ("" when it is): a combination without a model or a run here."""
-        if self.zero == 1 and self.framework == "torch":
+        if self.framework == "torch" and self.zero not in STACK_ZERO_STAGES["torch"]:
             return ("--zero 1 with --framework torch: PyTorch has no ZeRO-1 in DDP or FSDP2 (ZeroRedundancyOptimizer "
                     "all-reduces and then broadcasts every parameter, which is not modelled); use --zero 2 (FSDP2, "
                     "reshard_after_forward=False), --zero 3, or --framework megatron --zero 1 (its distributed "
@@ -128,7 +134,7 @@ class ParallelConfig:
             raise PlanError(f"unknown pipeline schedule {self.pp_schedule!r}: 1f1b, gpipe or interleaved")
         if self.framework not in ("torch", "megatron"):
             raise PlanError(f"unknown framework {self.framework!r}: torch or megatron")
-        if self.framework == "megatron" and self.zero >= 2:
+        if self.framework == "megatron" and self.zero not in STACK_ZERO_STAGES["megatron"]:
             raise PlanError("Megatron-Core shards optimizer state only (its distributed optimizer): use --zero 1")
         if self.ep > 1 and self.dp % self.ep:
             raise PlanError(f"EP={self.ep} must divide DP={self.dp}: expert-parallel ranks are data-parallel "

@@ -23,7 +23,7 @@ from tp_query.schema.precision import Setting
 
 from .graph import Graph
 from .lookup import Source
-from .parallel import ParallelConfig, PlanError
+from .parallel import STACK_ZERO_STAGES, ParallelConfig, PlanError
 from .predict import Engine, PredictError, PredictRequest
 from .request import OPTIMIZERS, setting_refusal
 
@@ -130,8 +130,7 @@ def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate,
                                                     space.zero_stages, space.recompute):
             if (sp and tp == 1) or (z and dp == 1):
                 continue  # the same configuration as without the option: skip silently
-            if space.global_batch % (dp * mb) or (space.framework == "megatron" and z >= 2) or \
-                    (space.framework == "torch" and z == 1):
+            if space.global_batch % (dp * mb) or z not in STACK_ZERO_STAGES[space.framework]:
                 continue  # not a configuration of this job (or of this stack: PyTorch has no ZeRO-1) at all
             # Megatron-Core MoE: every expert-parallel size that divides DP and the experts
             eps = [e for e in _divisors(dp) if spec.num_experts % e == 0] \
