@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
+from tp_query.schema.precision import SETTINGS
 
 from .graph import Graph, Phase, is_graph_json
 from .request import PredictError, PredictRequest
@@ -137,7 +138,7 @@ def _structural_type(spec: ModelSpec, req: PredictRequest) -> tuple[str, dict[st
     if not template.templatable(spec, par.framework, par.ep, req.moe_imbalance):
         return None
     dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
-    if dims is None:
+    if dims is None or (SETTINGS[req.setting].fp8_recipe and not template.fp8_aligned(spec, par.tp)):
         return None
     return template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION), dims
 

@@ -119,6 +119,12 @@ class Assembled(StepSchedule):
         if par.framework == Framework.MEGATRON:
             self.warnings.append("Megatron-Core's gradient clipping is modelled as not taken; a step whose gradient "
                                  "norm exceeds --clip-grad also scales every gradient (one more pass over them)")
+        recipe = SETTINGS[self.req.setting].fp8_recipe
+        if recipe:
+            self.warnings.append(f"{self.req.setting.value}: torchao float8 training ({recipe} scaling) in eager mode on "
+                                 "every nn.Linear whose dimensions are multiples of 16 except the LM head, which stays "
+                                 "bf16 as torchao's README and torchtitan's recipes filter it (torchao's default "
+                                 "filter converts it too); torch.compile'd FP8 is not modelled")
         if self.eng.version_warning:
             self.warnings.append(self.eng.version_warning)
         max_pos = self.g.meta.model.get("max_position_embeddings") if self.g.meta.source == "config" else None

@@ -75,6 +75,14 @@ def templatable(spec: ModelSpec, framework: str, ep: int, moe_imbalance: float) 
             and not spec.mlp_layer_types and not spec.rope_layers)
 
 
+def fp8_aligned(spec: ModelSpec, tp: int) -> bool:
+    """Whether every Linear an fp8 setting may convert has both dimensions multiples of 16 on a rank
+    (schema.precision.fp8_linear_filter): a template holds one answer for every size of its type, so a model with
+    an unaligned one (left in bf16 by the filter, as torchao's _scaled_mm needs) is traced instead."""
+    q, kv = spec.num_heads * spec.head_dim // tp, spec.num_kv_heads * spec.head_dim // tp
+    return all(d % 16 == 0 for d in (spec.hidden_size, q, kv, spec.intermediate_size // tp))
+
+
 def dims_of(spec: ModelSpec, micro_batch: int, seq_len: int, tp: int) -> dict[str, int] | None:
     """The per-rank dimensions of a request; None when a size does not split evenly (the trace refuses it)."""
     if spec.num_kv_heads % tp or spec.num_heads % spec.num_kv_heads or spec.intermediate_size % tp \

@@ -249,6 +249,27 @@ def test_a_size_key_left_out_of_the_config_is_not_templated() -> None:
     assert not template.templatable(parse_config(windowed, "q"), "torch", 1, 1.0)
 
 
+def test_fp8_with_a_linear_off_the_16_alignment_is_traced_not_templated() -> None:
+    """The fp8 settings leave a Linear whose dimensions are not multiples of 16 in bf16 (torchao's _scaled_mm needs
+    them): a template fitted on aligned sizes would price it as an fp8 GEMM, so such a request is traced."""
+    import json
+
+    from tp_query.engine.graphcache import _structural_type
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "examples" / "llama3.1-8b.json").read_text())
+
+    def typed(cfg: dict[str, object], setting: Setting, tp: int = 1) -> bool:
+        req = PredictRequest(model=cfg, model_name="m", gpu="h200", setting=setting, parallel=ParallelConfig(tp=tp),
+                             seq_len=1024)
+        return _structural_type(parse_config(cfg, "m"), req) is not None
+
+    odd = {**base, "intermediate_size": 14328}  # 14328 = 8 x 1791
+    assert typed(base, Setting.FP8_TENSORWISE) and typed(odd, Setting.BF16)
+    assert not typed(odd, Setting.FP8_TENSORWISE) and not typed(odd, Setting.FP8_ROWWISE)
+    assert template.fp8_aligned(parse_config(base, "m"), 1)
+    assert not template.fp8_aligned(parse_config(base, "m"), 3 * 1024)  # a rank's share decides
+
+
 def test_compiled_copy_and_vectorised_evaluation_equal_the_json_template(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A shipped template loaded through its compiled (marshal) copy is the template the JSON file holds, and the

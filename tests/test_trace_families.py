@@ -135,6 +135,20 @@ def test_fp8_leaves_linear_subclasses_with_their_own_forward() -> None:
     model = torch.nn.Sequential()
     model.add_module("proj", torch.nn.Linear(64, 64))
     model.add_module("router", Router(64, 32))
-    convert_fp8(model, "tensorwise")
+    assert convert_fp8(model, "tensorwise") == (1, ["Router"])  # one converted, the subclass said
     assert type(model.proj).__name__ == "Float8Linear"
     assert type(model.router) is Router
+
+
+def test_fp8_refuses_a_model_of_linear_subclasses_only() -> None:
+    """Falcon's projections are all FalconLinear(nn.Linear): left in bf16, the fp8 answer would be bf16's time
+    under fp8's name (torchao's own filter converts them), so the trace refuses it."""
+    pytest.importorskip("torchao")
+    from tp_query.engine.trace.capture import TraceError
+
+    cfg = {"model_type": "falcon", "architectures": ["FalconForCausalLM"], "hidden_size": 64,
+           "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 128, "new_decoder_architecture": False,
+           "multi_query": True, "parallel_attn": True, "bias": False}
+    spec = parse_config(cfg, "falcon-tiny")
+    with pytest.raises(TraceError, match="FalconLinear"):
+        trace_config(TraceRequest(spec, Setting.FP8_TENSORWISE, 1, 32, traced_layers=1))

@@ -708,12 +708,18 @@ def _trace_config(req: TraceRequest, full_warmup_step: bool) -> Graph:
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     with FakeTensorMode(allow_non_fake_inputs=False):
         model = _construct(lambda: build_model(spec_t, shard, req.framework), torch_dtype(st.param_dtype))
+        fp8_kept: list[str] = []
         if st.fp8_recipe:
             try:
-                convert_fp8(model, st.fp8_recipe)
+                converted, fp8_kept = convert_fp8(model, st.fp8_recipe)
             except ImportError:
                 raise TraceError("the fp8 settings trace torchao's float8 training: pip install torchao==0.18.0"
                                  ) from None
+            if not converted and fp8_kept:
+                # (Falcon: every projection is a FalconLinear) the answer would be bf16's time, named fp8
+                raise TraceError(f"{req.setting.value}: this model's Linear layers are subclasses of nn.Linear "
+                                 f"({', '.join(fp8_kept)}), which tp-query leaves in bf16 (their own forward) while "
+                                 "torchao's convert_to_float8_training converts them by default; not predicted")
         params = [p for p in model.parameters()]
         opt: Any
         if req.framework == "megatron":
@@ -800,6 +806,10 @@ def _trace_config(req: TraceRequest, full_warmup_step: bool) -> Graph:
         if transformers.__version__ != MODELLED_TRANSFORMERS:
             extra["warnings"] = [f"traced with transformers {transformers.__version__}; the database's families were "
                                  f"validated with {MODELLED_TRANSFORMERS} (other versions may dispatch other operators)"]
+    if fp8_kept:
+        extra.setdefault("warnings", []).append(
+            f"{req.setting.value}: {', '.join(fp8_kept)} (nn.Linear subclasses with a forward of their own, such as MoE "
+            "routers) stay in bf16, as torchtitan leaves routers; torchao's default filter would convert them")
     if spec_t.layer_types:
         extra["traced_layer_types"] = list(spec_t.layer_types)
     if len(set(req.spec.layer_kinds())) > 1:
