@@ -6,7 +6,7 @@ schedule -> prediction."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, cast
 
 import numpy as np
@@ -16,10 +16,11 @@ from tp_query.schema.signature import TensorSpec
 
 from .flops import graph_parameter_count, megatron_model_flops, parameter_count
 from .framework import Framework, PipeSchedule, in_flight_microbatches
-from .graph import Phase, Section
+from .graph import Graph, Phase, Section
 from .hostsim import HostModel
 from .lookup import Source
 from .memory import MemoryBreakdown, stage_memory
+from .parallel import ParallelConfig, PlanError
 from .request import OpRow, PredictError, Prediction
 from .schedule import StepSchedule
 from .segments import SOURCES, Segment
@@ -270,12 +271,24 @@ class Assembled(StepSchedule):
         peak = (self.eng.gpu.datasheet_flops or self.eng.gpu.peak_flops).get(prec)
         per_gpu_model = model / secs / par.gpus if model and secs > 0 else None
         params = parameter_count(spec) if spec else None
-        if spec and params is None and g.meta.traced_layers and g.meta.tp == 1:
-            params = graph_parameter_count(g)
+        if spec and params is None and g.meta.traced_layers:
+            params = self._graph_parameters(g)
         return {"parameters": params, "model_flops": model,
                 "model_tflops_per_gpu": per_gpu_model / 1e12 if per_gpu_model else None,
                 "hardware_tflops_per_gpu": hw / secs / par.gpus / 1e12 if secs > 0 else None,
                 "mfu": per_gpu_model / peak if per_gpu_model and peak else None}
+
+    def _graph_parameters(self, g: Graph) -> int | None:
+        """A model without a parameter formula (a type known only to transformers) counted from its traced graph;
+        under TP the rank's graph holds shards, so the count comes from the same model's graph at TP=1 (traced once,
+        then cached like any graph); None where that graph cannot be built."""
+        if g.meta.tp == 1:
+            return graph_parameter_count(g)
+        try:
+            whole = self.eng.graph(replace(self.req, parallel=ParallelConfig(framework=self.par.framework)))
+        except (PredictError, PlanError):
+            return None
+        return graph_parameter_count(whole)
 
     def _dp_measured(self) -> bool:
         par = self.par

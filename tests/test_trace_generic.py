@@ -65,6 +65,16 @@ def test_parameters_are_counted_from_the_graph() -> None:
     assert graph_parameter_count(g) == sum(p.numel() for p in real.parameters())
 
 
+def test_parameters_under_tp_are_the_whole_models(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Under TP a rank's graph holds shards: the answer's parameter count is the whole model's, as at TP=1."""
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path))
+    from tp_query.engine import api
+
+    cfg = {**GENERIC["olmo2"], "num_hidden_layers": 4}
+    one, two = (api.predict(cfg, gpu="h200", tp=tp, precision="bf16", seq_len=64) for tp in (1, 2))
+    assert one.parameters and two.parameters == one.parameters
+
+
 def test_a_config_without_architectures_is_taken_by_its_model_type() -> None:
     """A config as a config class's to_dict() writes it has no `architectures`: its model_type names the module, and
     the same model type with a non-causal-LM architecture is still refused; transformers' own advice about the config
