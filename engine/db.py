@@ -131,6 +131,7 @@ class Database:
         if validate:
             self._check_keys()
             self._check_values()
+            self._check_rows()
 
     def _open_remote(self, base: str, validate: bool) -> None:
         """Object storage: the manifest names the files; each is fetched once and verified by checksum."""
@@ -272,6 +273,44 @@ class Database:
                 if row:
                     raise DatabaseError(f"{self.base}/{table}: a measured {col} of {row[0]!r} (a damaged or edited "
                                         "file: every latency is a positive finite number)")
+
+        # every other measured number (framework host costs, overlap times, bytes) finite: a NaN there never ends
+        # a timeline (its remaining work never reaches zero) and is no measurement
+        for table in self.tables:
+            rel = self.con.table(table)
+            ok = "status = 'ok' AND " if "status" in {c.lower() for c in rel.columns} else ""
+            for col, typ in zip(rel.columns, rel.types, strict=True):
+                if str(typ) not in ("DOUBLE", "FLOAT"):
+                    continue
+                row = self.con.execute(f'SELECT "{col}" FROM {table} WHERE {ok}"{col}" IS NOT NULL AND '
+                                       f'NOT isfinite("{col}") LIMIT 1').fetchone()
+                if row:
+                    raise DatabaseError(f"{self.base}/{table}: a measured {col} of {row[0]!r} (a damaged or edited "
+                                        "file: every measured number is finite)")
+
+    def _check_rows(self) -> None:
+        """Each row's own provenance as its file's: this GPU and schema (a file's metadata can say h200 over rows
+        measured elsewhere), and one software stack per communication, overlap and framework table (rows of two
+        torch versions would be blended into one median)."""
+        for table in self.tables:
+            cols = {c.lower() for c in self.con.table(table).columns}
+            if "gpu" in cols:
+                row = self.con.execute(f"SELECT gpu FROM {table} WHERE gpu IS DISTINCT FROM ? LIMIT 1",
+                                       [self.gpu]).fetchone()
+                if row:
+                    raise DatabaseError(f"{self.base}/{table}: rows measured on {row[0]!r}, not {self.gpu!r} (a foreign "
+                                        "file)")
+            if "schema_version" in cols:
+                row = self.con.execute(f"SELECT schema_version FROM {table} WHERE schema_version IS DISTINCT FROM ? "
+                                       "LIMIT 1", [SCHEMA_VERSION]).fetchone()
+                if row:
+                    raise DatabaseError(f"{self.base}/{table}: rows of schema version {row[0]!r}, this engine reads "
+                                        f"{SCHEMA_VERSION}")
+            if table != "ops" and "torch" in cols:
+                stacks = [r[0] for r in self.con.execute(f"SELECT DISTINCT torch FROM {table} ORDER BY 1").fetchall()]
+                if len(stacks) > 1:
+                    raise DatabaseError(f"{self.base}/{table}: rows measured under torch {' and '.join(map(str, stacks))} "
+                                        "(one software stack per table: a file copied in from another database?)")
 
     # -- queries ------------------------------------------------------------------------------
     def user_sql(self, query: str) -> pa.Table:

@@ -219,10 +219,16 @@ class DbSnapshot:
     def optional_table(self, view: str) -> list[dict[str, Any]]:
         """A whole view (comm, overlap, framework), or nothing when the database has none."""
         def read(db: Any) -> list[dict[str, Any]]:
+            if view not in db.tables:  # no files of it: the engine prices without them (and says so)
+                return []
+            # a read error of files that exist is a damaged database, never an empty table (nor cached as one)
+            from .db import DatabaseError
+
             try:
                 return db.sql(f"SELECT * FROM {view}").to_pylist()  # type: ignore[no-any-return]
-            except Exception:
-                return []
+            except DatabaseError as e:
+                raise DatabaseError(f"the {view} table of {db.base} cannot be read (a damaged file): "
+                                    f"{str(e).removeprefix('SQL error: ')}") from None
 
         return self._get(f"table-{view}", read)  # type: ignore[no-any-return]
 

@@ -24,6 +24,14 @@ class CalibrationError(TpQueryError):
     """A calibration file that cannot be used (one line for the user)."""
 
 
+# What a calibration may hold besides the constants: where it was fitted.
+CALIBRATION_NOTES = frozenset({"fitted_on_cases", "split"})
+# Physical ceilings of each host cost (us): the fit's own bounds (engine.validation) for the fitted ones, and
+# far above any eager operator's host cost for the per-operator ones.
+CALIBRATION_MAX_US = {"fwd_us": 1000.0, "bwd_us": 1000.0, "opt_us": 1000.0, "per_tensor_us": 20.0,
+                      "per_iteration_us": 5000.0}
+
+
 @dataclass(frozen=True)
 class HostModel:
     """Per-operator host costs in microseconds (fitted by `tp-query calibrate`)."""
@@ -52,12 +60,20 @@ class HostModel:
         if not isinstance(d, dict):
             raise CalibrationError(f"calibration {where} is not a JSON object")
         vals: dict[str, float] = {}
+        unknown = sorted(set(d) - set(HostModel.__dataclass_fields__) - CALIBRATION_NOTES)
+        if unknown:  # a misspelt constant would leave its default in force without a word
+            raise CalibrationError(f"calibration {where}: unknown key {unknown[0]!r} (constants: "
+                                   f"{', '.join(HostModel.__dataclass_fields__)})")
         for k in HostModel.__dataclass_fields__:
             v = d.get(k)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
                 raise CalibrationError(f"calibration {where}: {k} must be a finite number >= 0, got {v!r}")
             if k == "beta" and v > 1:
                 raise CalibrationError(f"calibration {where}: beta must be within [0, 1], got {v!r}")
+            top = CALIBRATION_MAX_US.get(k)
+            if top is not None and v > top:
+                raise CalibrationError(f"calibration {where}: {k} must be within [0, {top:g}] us (a host cost per "
+                                       f"operator, tensor or iteration), got {v!r}")
             vals[k] = float(v)
         return HostModel(**vals)
 

@@ -25,7 +25,7 @@ from tp_query.schema.precision import Setting
 from tp_query.schema.tables import METADATA_KEY
 
 from .framework import FIRST_MACHINE
-from .hostsim import HostModel
+from .hostsim import CALIBRATION_MAX_US, HostModel
 from .parallel import ParallelConfig, PlanError
 from .predict import Engine, PredictError, PredictRequest
 
@@ -249,7 +249,8 @@ class Study:
     # Each fitted constant is a host cost in microseconds within physical bounds (or the warm/cold blend in
     # [0, 1]). Per-operator host costs (forward, backward, optimizer) are measured (data/<gpu>/framework/).
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
-        "per_tensor_us": (0.0, 20.0), "per_iteration_us": (0.0, 5000.0), "beta": (0.0, 1.0)}
+        "per_tensor_us": (0.0, CALIBRATION_MAX_US["per_tensor_us"]),
+        "per_iteration_us": (0.0, CALIBRATION_MAX_US["per_iteration_us"]), "beta": (0.0, 1.0)}
 
     def fit(self, iters: int = 400) -> HostModel:
         """Nelder-Mead on the calibration split (mean squared log error), deterministic: it starts from

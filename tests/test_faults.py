@@ -321,7 +321,9 @@ def test_two_hundred_random_bit_flips_are_all_caught(shipped_copy: Path) -> None
 
 @pytest.mark.parametrize("fault", ["foreign_copy", "truncated_comm", "missing_file", "no_manifest", "latency_x1000",
                                    "cpu_rows_adopted", "negative_calibration", "calibration_list",
-                                   "negative_latency", "nan_latency", "zero_warm_latency", "negative_comm"])
+                                   "negative_latency", "nan_latency", "zero_warm_latency", "negative_comm",
+                                   "nan_framework", "damaged_framework_page", "h100_rows_in_h200_file",
+                                   "two_torch_stacks_in_comm", "calibration_out_of_bounds", "calibration_unknown_key"])
 def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fault: str) -> None:
     root = tmp_path / "db"
     shutil.copytree(shipped_copy / "h200", root / "h200")
@@ -372,6 +374,38 @@ def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fa
         pq.write_table(t, f)
         manifest.adopt(base, "h200")
         match = f"a measured {col} of"
+    elif fault in ("nan_framework", "h100_rows_in_h200_file", "two_torch_stacks_in_comm"):
+        # re-adopted edits the checksums cannot see: a NaN host cost (it never ends a timeline), rows of another
+        # GPU under an h200 file's metadata, a second torch stack blended into the communication table
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table, col, value, match = {
+            "nan_framework": ("framework", "value_us", float("nan"), "a measured value_us of nan"),
+            "h100_rows_in_h200_file": ("comm", "gpu", "h100", "rows measured on 'h100'"),
+            "two_torch_stacks_in_comm": ("comm", "torch", "2.9.0+cu128", "rows measured under torch 2.11.0+cu130 and "
+                                                                         "2.9.0+cu128")}[fault]
+        f = sorted((base / table).glob("*.parquet"))[0]
+        pf = pq.ParquetFile(f)
+        t = pf.read()
+        vals = t.column(col).to_pylist()
+        vals[len(vals) // 2] = value
+        t = t.set_column(t.schema.get_field_index(col), col, pa.array(vals, t.schema.field(col).type))
+        pq.write_table(t.replace_schema_metadata(pf.schema_arrow.metadata), f)
+        manifest.adopt(base, "h200")
+    elif fault == "damaged_framework_page":  # the first page's header overwritten, then adopted: the table was
+        f = sorted((base / "framework").glob("*.parquet"))[0]  # dropped as if absent (-21% at DP=2 TP=2)
+        raw = bytearray(f.read_bytes())
+        raw[4:12] = b"\xff" * 8
+        f.write_bytes(bytes(raw))
+        manifest.adopt(base, "h200")
+        match = "framework table"
+    elif fault in ("calibration_out_of_bounds", "calibration_unknown_key"):
+        cal = json.loads((base / "calibration.json").read_text())
+        extra = {"per_iteration_us": 1e9} if fault == "calibration_out_of_bounds" else {"fwd_us_typo": 3.0}
+        (base / "calibration.json").write_text(json.dumps({**cal, **extra}))
+        manifest.adopt(base, "h200")
+        match = "per_iteration_us must be within" if fault == "calibration_out_of_bounds" else "fwd_us_typo"
     elif fault == "negative_calibration":
         cal = json.loads((base / "calibration.json").read_text())
         (base / "calibration.json").write_text(json.dumps({**cal, "per_tensor_us": -3.0}))
@@ -381,7 +415,7 @@ def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fa
         (base / "calibration.json").write_text("[]")
         manifest.adopt(base, "h200")
         match = "not a JSON object"
-    r = _cli(["predict", "examples/llama3.1-8b.json", "--db", str(root)])
+    r = _cli(["predict", "examples/llama3.1-8b.json", "--dp", "2", "--tp", "2", "--db", str(root)])
     assert r.returncode == 2 and match in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
