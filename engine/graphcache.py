@@ -266,10 +266,11 @@ def graph_for(req: PredictRequest) -> Graph:
                  "tp": par.tp, "sequence-parallel": par.sequence_parallel and par.tp > 1,
                  "recompute": par.recompute, "optimizer": req.optimizer, "framework": par.framework, "ep": par.ep,
                  "moe-imbalance": req.moe_imbalance}
-        if g.meta.source == "module":  # a user's module: its own shapes; tp is 1 by construction
-            for k in ("seq-len", "micro-batch"):
-                traced.pop(k)
-                asked.pop(k)
+        if g.meta.source == "module":  # a user's module runs on its own inputs: a batch and sequence it has are
+            for k in ("seq-len", "micro-batch"):  # held to (tp is 1 by construction); one it lacks asks nothing
+                if not traced[k]:
+                    traced.pop(k)
+                    asked.pop(k)
         def flag(k: str, v: Any) -> str:  # as the CLI spells it: --recompute full|none, --sequence-parallel on|off
             if k == "recompute":
                 return "full" if v else "none"
@@ -308,6 +309,8 @@ def graph_for(req: PredictRequest) -> Graph:
                                       ep=par.ep, moe_imbalance=req.moe_imbalance))
     except ValueError as e:  # TraceError, or a module hook's one-line refusal of a layout it does not model
         raise PredictError(first_line(e)) from None
+    except RuntimeError as e:  # PyTorch's own refusal of the step (a grouped GEMM's stride alignment), as a GPU's
+        raise PredictError(f"PyTorch refuses this model's training step: {first_line(e)}") from None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         g.save(path)

@@ -304,6 +304,10 @@ class Assembled(StepSchedule):
                 "zero": par.zero, "recompute": "full" if par.recompute else "none", "gpus": par.gpus,
                 "layers": self.g.meta.model.get("num_layers"), "host_model": asdict(host),
                 "calibration": self.eng.calibration_source, "framework": par.framework,
+                # which measurements answered: the database folder, its fingerprint (manifest, GPU, stack asked
+                # for) and the software stack of the operator rows used
+                "database": {"root": self.eng.db.root, "fingerprint": getattr(self.eng.db, "fingerprint", None),
+                             **self.eng.software},
                 "system": self.eng.system.name if self.eng.system else None,
                 "pp_schedule": par.pp_schedule,
                 "model_graph": self._model_graph(),

@@ -170,6 +170,10 @@ def test_a_traced_language_model_reports_tokens_and_its_own_dtype(tmp_path: Path
     p = json.loads(r.stdout)
     assert p["tokens_per_s"] == pytest.approx(4 * 128 / (p["iteration_ms"] / 1e3))
     assert any("parameters are bf16" in w for w in p["warnings"])
+    # the module ran on its own [4, 128] token ids: another batch or sequence is refused, not echoed over them
+    for flags, what in ((["--micro-batch", "8"], "--micro-batch 8"), (["--seq-len", "256"], "--seq-len 256")):
+        r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--precision", "amp_bf16", *flags)
+        assert r.returncode == 2 and what in r.stderr, r.stderr
 
 
 def test_a_family_without_transformers_is_one_line(tmp_path: Path) -> None:

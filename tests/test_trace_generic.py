@@ -251,3 +251,20 @@ def test_latent_attention_with_its_own_mlp_list_traces() -> None:
     g = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
     kinds = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"}).mlp_layer_types
     assert set(kinds) == {"dense", "sparse"} and g.ops
+
+
+def test_a_one_layer_windowed_model_and_a_step_pytorch_refuses(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A model of one layer whose layers have kinds traces its one layer (it was an IndexError); a step PyTorch itself
+    refuses (bf16 grouped GEMMs need 16-byte strides: 60 expert columns are 120 bytes) is one PredictError, not a
+    RuntimeError."""
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path))
+    from tp_query.engine import api
+    from tp_query.schema.messages import TpQueryError
+
+    from .conftest import TINY_FAMILIES
+
+    one = api.predict({**TINY_FAMILIES["gemma3"], "num_hidden_layers": 1}, gpu="h200", precision="bf16", seq_len=64)
+    assert one.iteration_ms > 0
+    moe = {**TINY_FAMILIES["qwen3-moe"], "moe_intermediate_size": 60}
+    with pytest.raises(TpQueryError, match="PyTorch refuses this model's training step"):
+        api.predict(moe, gpu="h200", precision="bf16", seq_len=64)

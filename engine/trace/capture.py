@@ -701,7 +701,7 @@ def _trace_config(req: TraceRequest, full_warmup_step: bool) -> Graph:
         # of each kind
         spec_t = req.spec.cut(req.spec.traced_layer_indices())
     else:
-        spec_t = req.spec.with_layers(req.traced_layers)
+        spec_t = req.spec.with_layers(min(req.traced_layers, req.spec.num_layers))  # (a 1-layer model)
     n_traced = spec_t.num_layers
     shard = Shard(req.tp, req.sequence_parallel and req.tp > 1, req.recompute, req.ep, req.moe_imbalance,
                   dtensor=req.framework == "torch")
