@@ -38,23 +38,23 @@ class FakeDb:
         return [{c: r.get(c) for c in columns} for r in self.rows if r["family"] == family]
 
 
-def table(law: Any, values: tuple[int, ...]) -> FakeDb:
+def table(law: Any, values: tuple[int, ...], dtype: DType = DType.BF16) -> FakeDb:
     rows = []
     for m in values:
         for n in values:
             for k in values:
-                call = gemm_layout_call(m, n, k, "nt", DType.BF16)
+                call = gemm_layout_call(m, n, k, "nt", dtype)
                 info = describe(call, False)
                 t = law(m, n, k)
                 rows.append({"key": call_key(call.op, call.to_json_str(), info.math_mode), "op": call.op,
-                             "family": "gemm", "precision": "bf16", "math_mode": "", "dtypes": info.dtypes,
+                             "family": "gemm", "precision": str(info.precision), "math_mode": "", "dtypes": info.dtypes,
                              "flops": info.flops, "bytes": info.bytes, "latency_us": t, "latency_warm_us": t * 0.9,
                              **info.features})
     return FakeDb(rows)
 
 
-def query(m: int, n: int, k: int, layout: str = "nt") -> Query:
-    call = gemm_layout_call(m, n, k, layout, DType.BF16)
+def query(m: int, n: int, k: int, layout: str = "nt", dtype: DType = DType.BF16) -> Query:
+    call = gemm_layout_call(m, n, k, layout, dtype)
     info = describe(call, False)
     return Query(call_key(call.op, call.to_json_str(), info.math_mode), call.op, info)
 
@@ -390,3 +390,18 @@ def test_cudnn_backward_grid_points_reach_traced_calls() -> None:
     gi, ti = describe(grid, False), describe(traced, False)
     assert gi.dtypes != ti.dtypes
     assert _category_dtypes(Family.ATTENTION, gi.dtypes) == _category_dtypes(Family.ATTENTION, ti.dtypes)
+
+
+def test_a_half_precision_past_its_grid_takes_the_other_halfs_bracketing_points() -> None:
+    """fp16 and bf16 run on the same tensor cores: an fp16 GEMM past fp16's measured range (a 262k-vocab LM head
+    past a grid that stops at 152k) blends bf16's bracketing points, not fp16's held efficiency, and says it is
+    extrapolated; inside its own grid fp16 keeps its own points."""
+    law_bf16, law_fp16 = power_law_us, (lambda m, n, k: 1.02 * power_law_us(m, n, k))
+    rows = table(law_bf16, GRID).rows + table(law_fp16, GRID[:3], DType.FP16).rows  # fp16 up to 2048 only
+    lm = LatencyModel(FakeDb(rows), H200)
+    far = query(1024, 6000, 3000, dtype=DType.FP16)  # (all multiples of 8)
+    e = lm.estimate([far])[far.key]
+    assert e.source == Source.EXTRAPOLATED and e.cold_us == pytest.approx(power_law_us(1024, 6000, 3000), rel=1e-9)
+    near = query(704, 1496, 1096, dtype=DType.FP16)
+    e = lm.estimate([near])[near.key]
+    assert e.source == Source.INTERPOLATED and e.cold_us == pytest.approx(law_fp16(704, 1496, 1096), rel=1e-9)
