@@ -124,6 +124,12 @@ class ChunkedStore:
         return self.folder / f"{self.campaign}-{(max(nums) + 1 if nums else 0):05d}.parquet"
 
     def _recover(self) -> None:
+        """A killed run's journal: its rows not yet in a chunk are written, and the manifest is brought up to what
+        the kill left (a chunk written but not recorded, a superseded file deleted but still listed); under
+        remeasure every journal row is written again (it supersedes the earlier measurement of its key, also one
+        already in a chunk of the killed run: the chunk's copy is replaced, not duplicated)."""
+        for tmp in self.folder.glob(".*.parquet.*.tmp"):  # an atomic write a kill cut short (we hold the lock)
+            tmp.unlink(missing_ok=True)
         if not self.journal.exists():
             return
         rows = []
@@ -132,10 +138,20 @@ class ChunkedStore:
                 rows.append(_decode_row(json.loads(line)))
             except json.JSONDecodeError:
                 continue  # a line cut by a kill mid-write: that point was not finished
-        done = self.done_keys(include_journal=False, ok_only="status" in self.schema.names)
-        rows = [r for r in rows if tuple(r[c] for c in self.key_columns) not in done]
+        if not self.remeasure:
+            done = self.done_keys(include_journal=False, ok_only="status" in self.schema.names)
+            rows = [r for r in rows if tuple(r[c] for c in self.key_columns) not in done]
         if rows:
             self._write_chunk(rows)
+        else:
+            self._record(self._chunk_paths())
+        if self.folder.name in manifest.TABLE_DIRS:  # entries of files a kill deleted
+            listed = manifest.load(self.folder.parent).get("files", {}) if (
+                self.folder.parent / manifest.MANIFEST_NAME).is_file() else {}
+            gone = [Path(rel) for rel in listed if rel.startswith(f"{self.folder.name}/")
+                    and not (self.folder.parent / rel).exists()]
+            if gone:
+                self._record([self.folder / p.name for p in gone])
         self.journal.unlink()
 
     def done_keys(self, include_journal: bool = True, ok_only: bool = False) -> set[tuple[Any, ...]]:

@@ -80,6 +80,47 @@ def test_journal_survives_a_kill(tmp_path: Path) -> None:
     assert not again.journal.exists()
 
 
+@pytest.mark.parametrize("remeasure", [False, True])
+def test_a_kill_between_a_chunk_and_its_manifest_entry_is_recorded_on_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, remeasure: bool) -> None:
+    """Killed after a chunk was written and before the manifest recorded it: the rerun records it (the engine
+    refused the database until someone adopted every file blindly), keeps one row per key, and under remeasure
+    writes the journal's rows again rather than dropping them as done; a cut atomic write's temp file goes."""
+    from tp_query.collector.campaign import measure_point
+    from tp_query.collector.store import write_table
+    from tp_query.schema import manifest
+
+    dev = Device(cpu=True)
+    prov = dev.provenance()
+    root, folder = tmp_path, tmp_path / "ops"
+    folder.mkdir()
+    write_table(folder / "grid-00000.parquet", [], OPS_SCHEMA, prov)
+    manifest.adopt(root, "cpu")
+    pts = grid_points(kinds={"elementwise"}, tiny=3)
+    timer = Timer(dev.torch_device, max_point_s=0.02)
+    rows = [measure_point(p, dev, timer, 1, prov) for p in pts[:3]]
+    store = ChunkedStore(folder, "grid", OPS_SCHEMA, prov, remeasure=remeasure)
+    for r in rows:
+        store.append(r)
+
+    def killed(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt("killed before the manifest entry")
+
+    monkeypatch.setattr(manifest, "record", killed)
+    with pytest.raises(KeyboardInterrupt):
+        store.flush()
+    store._lock.close()  # the process is gone: its lock with it
+    monkeypatch.undo()
+    with pytest.raises(manifest.ManifestError):
+        manifest.verify(root, "cpu")
+    (folder / ".grid-00009.parquet.abc.tmp").write_bytes(b"cut")
+    again = ChunkedStore(folder, "grid", OPS_SCHEMA, prov, remeasure=remeasure)
+    again.close()
+    manifest.verify(root, "cpu")
+    keys = [r["key"] for r in _rows(folder)]
+    assert sorted(keys) == sorted(p.key for p in pts[:3]) and not list(folder.glob(".*.tmp"))
+
+
 def test_corrupt_parquet_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "grid-00000.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(StoreError, match="corrupt or unreadable Parquet file"):
