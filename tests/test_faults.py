@@ -246,7 +246,12 @@ def test_graph_files_without_a_step_are_refused(tmp_path: Path) -> None:
 
     good = graph_for(PredictRequest(model=TINY_LLAMA, model_name="tiny", gpu="cpu", setting=Setting.BF16,
                                     seq_len=64)).to_json()
+    layer_op = next(o for o in good["ops"] if o[3] == "layer")
     cases = {"no_ops": {**good, "ops": []}, "no_params": {**good, "params": []},
+             "no_optimizer": {**good, "ops": [o for o in good["ops"] if o[2] != "opt"]},
+             "billion_layers": {**good, "meta": {**good["meta"], "model": {**good["meta"]["model"], "num_layers": 10**9}}},
+             "traced_beyond_the_model": {**good, "meta": {**good["meta"], "traced_layers": 1000}},
+             "op_outside_the_traced_layers": {**good, "ops": [*good["ops"], [*layer_op[:4], 7, *layer_op[5:]]]},
              "huge_param": {**good, "params": [[good["params"][0][0], [10**9, 10**9], *good["params"][0][2:]],
                                                *good["params"][1:]]}}
     for name, obj in cases.items():
