@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .request import PredictRequest
 
-MAGIC = b"tp-query-costed/1\n"
+MAGIC = b"tp-query-costed/2\n"  # /2: a digest of everything after it (a flipped bit is a miss, not an answer)
+_DIGEST = 16
 _FLOATS = ("cold", "warm", "comm_us", "tensors")
 _SMALL = ("is_comm", "phase", "sync", "src")  # small non-negative integers and flags, one byte each
 # the modules whose code decides what a costed graph holds (besides the database and the graph itself)
@@ -188,13 +189,16 @@ def _encode(g: Graph, sections: Sections) -> bytes:
     body = b"".join(blobs)
     header = json.dumps({"graph": lite.to_json(), "sections": index, "bytes": len(body)},
                         separators=(",", ":")).encode()
-    return MAGIC + struct.pack("<Q", len(header)) + header + body
+    rest = struct.pack("<Q", len(header)) + header + body
+    return MAGIC + hashlib.blake2b(rest, digest_size=_DIGEST).digest() + rest
 
 
 def _decode(raw: bytes) -> tuple[Graph, Sections]:
     if not raw.startswith(MAGIC):
         raise ValueError("not a costed graph")
-    at = len(MAGIC)
+    at = len(MAGIC) + _DIGEST
+    if hashlib.blake2b(memoryview(raw)[at:], digest_size=_DIGEST).digest() != raw[len(MAGIC):at]:
+        raise ValueError("a costed graph whose bytes changed after it was written")
     (hlen,) = struct.unpack_from("<Q", raw, at)
     at += 8
     header = json.loads(raw[at:at + hlen])
