@@ -26,6 +26,9 @@ from tp_query.schema.tables import METADATA_KEY, SCHEMA_VERSION
 
 from .dbcache import DB_ENV, DatabaseError, default_root  # noqa: F401 - part of this module's interface
 
+# No single operator call or collective of a training step runs 100 s (the slowest measured: 0.32 s): a latency
+# beyond it is a damaged or hand-edited row, which one median would not absorb
+MAX_LATENCY_US = 1e8
 USER_SQL_MEMORY_MB = 2048  # what one ad-hoc query may hold (DuckDB's memory_limit)
 USER_SQL_TIMEOUT_S = float(os.environ.get("TP_QUERY_SQL_TIMEOUT_S", "60"))  # then the query is interrupted
 
@@ -269,10 +272,12 @@ class Database:
                     continue
                 ok = "status = 'ok' AND " if "status" in cols else ""
                 row = self.con.execute(f"SELECT {col} FROM {table} WHERE {ok}{col} IS NOT NULL AND "
-                                       f"NOT (isfinite({col}) AND {col} > 0) LIMIT 1").fetchone()
+                                       f"NOT (isfinite({col}) AND {col} > 0 AND {col} < ?) LIMIT 1",
+                                       [MAX_LATENCY_US]).fetchone()
                 if row:
                     raise DatabaseError(f"{self.base}/{table}: a measured {col} of {row[0]!r} (a damaged or edited "
-                                        "file: every latency is a positive finite number)")
+                                        f"file: every latency is a positive finite number below {MAX_LATENCY_US:.0e} "
+                                        "us)")
 
         # every other measured number (framework host costs, overlap times, bytes) finite: a NaN there never ends
         # a timeline (its remaining work never reaches zero) and is no measurement

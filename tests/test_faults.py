@@ -327,6 +327,7 @@ def test_two_hundred_random_bit_flips_are_all_caught(shipped_copy: Path) -> None
 @pytest.mark.parametrize("fault", ["foreign_copy", "truncated_comm", "missing_file", "no_manifest", "latency_x1000",
                                    "cpu_rows_adopted", "negative_calibration", "calibration_list",
                                    "negative_latency", "nan_latency", "zero_warm_latency", "negative_comm",
+                                   "warm_latency_1e12",
                                    "nan_framework", "damaged_framework_page", "h100_rows_in_h200_file",
                                    "two_torch_stacks_in_comm", "calibration_out_of_bounds", "calibration_unknown_key"])
 def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fault: str) -> None:
@@ -365,16 +366,17 @@ def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fa
         write_table(base / "ops" / "zz-cpu.parquet", [], OPS_SCHEMA, prov)
         manifest.adopt(base, "h200")
         match = "measured on 'cpu'"
-    elif fault in ("negative_latency", "nan_latency", "zero_warm_latency", "negative_comm"):
+    elif fault in ("negative_latency", "nan_latency", "zero_warm_latency", "negative_comm", "warm_latency_1e12"):
         # values edited in place and the files re-adopted: the checksums agree, the values cannot be times
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         f = sorted((base / "comm").glob("*.parquet"))[0] if fault == "negative_comm" else ops[0]
         t = pq.read_table(f)
-        col = "latency_warm_us" if fault == "zero_warm_latency" else "latency_us"
+        col = "latency_warm_us" if fault in ("zero_warm_latency", "warm_latency_1e12") else "latency_us"
         vals = t.column(col).to_pylist()
-        vals[len(vals) // 2] = {"nan_latency": float("nan"), "zero_warm_latency": 0.0}.get(fault, -abs(vals[0] or 1.0))
+        vals[len(vals) // 2] = {"nan_latency": float("nan"), "zero_warm_latency": 0.0,
+                                "warm_latency_1e12": 1e12}.get(fault, -abs(vals[0] or 1.0))
         t = t.set_column(t.schema.get_field_index(col), col, pa.array(vals, t.schema.field(col).type))
         pq.write_table(t, f)
         manifest.adopt(base, "h200")
