@@ -163,7 +163,7 @@ class DbSnapshot:
             return read(self.database)
         path = self._dir / f"{name}.json"
         hit = _read_json(path)
-        if hit is not None:
+        if hit is not None and _well_formed(name, hit):
             return hit
         shipped = self.shipped_files()
         value = shipped[name] if name in shipped else read(self.database)
@@ -238,3 +238,11 @@ class DbSnapshot:
 
     def info(self) -> Any:
         return self.database.info()
+
+
+def _well_formed(name: str, value: Any) -> bool:
+    """A cached read of the shape its reader returns (the exact table a dict of [cold, warm] pairs, every other a
+    list of rows): anything else is a damaged cache file, read again from the database rather than crashing."""
+    if name == "exact":
+        return isinstance(value, dict) and all(isinstance(v, list) and len(v) == 2 for v in value.values())
+    return isinstance(value, list) and all(isinstance(r, dict) for r in value)

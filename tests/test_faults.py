@@ -539,3 +539,17 @@ def test_a_report_refuses_runs_measured_on_another_gpu(tmp_path: Path) -> None:
     pq.write_table(t.replace_schema_metadata(meta), prov / "validation-00000.parquet")
     with pytest.raises(ValueError, match="measured on 'h100'"):
         load_rows(prov, "h200")
+
+
+def test_a_cached_read_of_the_wrong_shape_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache file that parses but is not the shape its reader returns (versions.json holding [1, 2]) crashed every
+    run with an AttributeError and was never rebuilt; it is read again from the database."""
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path))
+    first = _cli(["predict", "examples/llama3.1-8b.json", "--json"])
+    assert first.returncode == 0, first.stderr
+    (versions,) = tmp_path.rglob("versions.json")
+    versions.write_text("[1, 2]")
+    again = _cli(["predict", "examples/llama3.1-8b.json", "--json"])
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["iteration_ms"] == json.loads(first.stdout)["iteration_ms"]
+    assert json.loads(versions.read_text())[0]["torch"]
