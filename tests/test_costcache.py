@@ -57,7 +57,7 @@ def test_a_damaged_costed_graph_is_priced_again(cpu_db: Path, tmp_path: Path,
     (f,) = (tmp_path / "cache" / "costed").rglob("*.bin")
     good = f.read_bytes()
     flipped = bytearray(good)
-    flipped[-100] ^= 0x40  # one bit of a latency array: it still decodes, to another time (x2,700 once)
+    flipped[-100] ^= 0x40  # one bit of an array: it still decodes, to other numbers
     for bad in (good[:-5], good[:40], b"not a costed graph", good + b"x", good.replace(b'"fwd"', b'"xyz"', 1),
                 bytes(flipped)):
         f.write_bytes(bad)
