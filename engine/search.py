@@ -481,6 +481,10 @@ def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node
         args.append(f"--optimizer {_MEGATRON_OPTIMIZER.get(optimizer, optimizer)}")
         if spec is not None:
             args += _megatron_model_args(spec)
+            if spec.vocab_size % (128 * p.tp):
+                # Megatron-LM pads the vocabulary to a multiple of 128 x TP by default (_vocab_size_with_padding);
+                # the prediction priced the model's own vocabulary, split over TP as Megatron-Core builds it
+                args.append("--make-vocab-size-divisible-by 1")
         return head + f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py " + \
             " ".join(a for a in args if a)
     dp_kind = {0: "ddp", 2: "fsdp2 --reshard-after-forward false", 3: "fsdp2"}[p.zero]

@@ -326,6 +326,13 @@ def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Pa
     # everything the prediction assumed is on the line: the optimizer and the model's shape
     assert "--optimizer sgd" in r.stdout and f"--num-layers {TINY_LLAMA['num_hidden_layers']} " in r.stdout
     assert f"--hidden-size {TINY_LLAMA['hidden_size']} " in r.stdout and "--swiglu" in r.stdout
+    # Megatron-LM pads the vocabulary to 128 x TP unless told otherwise; the prediction priced the model's own
+    padded = bool(TINY_LLAMA["vocab_size"] % (128 * best["tp"]))
+    assert ("--make-vocab-size-divisible-by 1" in r.stdout) == padded
+    odd = tmp_path / "odd-vocab.json"
+    odd.write_text(json.dumps({**TINY_LLAMA, "vocab_size": TINY_LLAMA["vocab_size"] + 4}))
+    r = run_cli(*[odd if a == str(tiny_llama_file) else a for a in mcore], "--emit", "megatron")
+    assert r.returncode == 0 and "--make-vocab-size-divisible-by 1" in r.stdout, r.stderr
     r = run_cli(*base, "--emit", "torchrun", "--optimizer", "sgd")
     assert r.returncode == 0 and "--optimizer sgd" in r.stdout, r.stderr
     r = run_cli(*base, "--output", str(tmp_path / "x.xlsx"))
