@@ -148,10 +148,10 @@ class ChunkedStore:
         if self.folder.name in manifest.TABLE_DIRS:  # entries of files a kill deleted
             listed = manifest.load(self.folder.parent).get("files", {}) if (
                 self.folder.parent / manifest.MANIFEST_NAME).is_file() else {}
-            gone = [Path(rel) for rel in listed if rel.startswith(f"{self.folder.name}/")
+            gone = [self.folder.parent / rel for rel in listed if rel.startswith(f"{self.folder.name}/")
                     and not (self.folder.parent / rel).exists()]
             if gone:
-                self._record([self.folder / p.name for p in gone])
+                self._record(gone)
         self.journal.unlink()
 
     def done_keys(self, include_journal: bool = True, ok_only: bool = False) -> set[tuple[Any, ...]]:

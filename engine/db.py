@@ -263,35 +263,25 @@ class Database:
                                 f"torch {row[2]}, {row[3]} rows) in {self.base}/ops")
 
     def _check_values(self) -> None:
-        """Every measured latency a positive finite number: a zero, negative or NaN time is a damaged or
-        hand-edited file, never averaged into a median."""
-        for table in self.tables:
-            cols = {c.lower() for c in self.con.table(table).columns}
-            for col in ("latency_us", "latency_warm_us"):
-                if col not in cols:
-                    continue
-                ok = "status = 'ok' AND " if "status" in cols else ""
-                row = self.con.execute(f"SELECT {col} FROM {table} WHERE {ok}{col} IS NOT NULL AND "
-                                       f"NOT (isfinite({col}) AND {col} > 0 AND {col} < ?) LIMIT 1",
-                                       [MAX_LATENCY_US]).fetchone()
-                if row:
-                    raise DatabaseError(f"{self.base}/{table}: a measured {col} of {row[0]!r} (a damaged or edited "
-                                        f"file: every latency is a positive finite number below {MAX_LATENCY_US:.0e} "
-                                        "us)")
-
-        # every other measured number (framework host costs, overlap times, bytes) finite: a NaN there never ends
-        # a timeline (its remaining work never reaches zero) and is no measurement
+        """Every measured number finite, and every latency positive and below MAX_LATENCY_US: a zero, negative,
+        huge or NaN time is a damaged or hand-edited file, never averaged into a median (and a NaN host cost or
+        overlap time would never end a timeline: its remaining work never reaches zero)."""
         for table in self.tables:
             rel = self.con.table(table)
             ok = "status = 'ok' AND " if "status" in {c.lower() for c in rel.columns} else ""
             for col, typ in zip(rel.columns, rel.types, strict=True):
                 if str(typ) not in ("DOUBLE", "FLOAT"):
                     continue
-                row = self.con.execute(f'SELECT "{col}" FROM {table} WHERE {ok}"{col}" IS NOT NULL AND '
-                                       f'NOT isfinite("{col}") LIMIT 1').fetchone()
+                latency = col.lower() in ("latency_us", "latency_warm_us")
+                bad = f'NOT (isfinite("{col}") AND "{col}" > 0 AND "{col}" < ?)' if latency else \
+                    f'NOT isfinite("{col}")'
+                row = self.con.execute(f'SELECT "{col}" FROM {table} WHERE {ok}"{col}" IS NOT NULL AND {bad} LIMIT 1',
+                                       [MAX_LATENCY_US] if latency else None).fetchone()
                 if row:
+                    rule = (f"every latency is a positive finite number below {MAX_LATENCY_US:.0e} us" if latency
+                            else "every measured number is finite")
                     raise DatabaseError(f"{self.base}/{table}: a measured {col} of {row[0]!r} (a damaged or edited "
-                                        "file: every measured number is finite)")
+                                        f"file: {rule})")
 
     def _check_rows(self) -> None:
         """Each row's own provenance as its file's: this GPU and schema (a file's metadata can say h200 over rows

@@ -234,12 +234,13 @@ def graph_refusal(g: Graph) -> str:
         return "it has no optimizer operators (a training step ends with one: an optimizer time of 0 is no answer)"
     layers, traced = g.meta.model.get("num_layers", 0) if g.meta.source == "config" else 0, g.meta.traced_layers
     if not isinstance(layers, int) or not isinstance(traced, int) or not 0 <= layers <= 1024 or \
-            not 0 <= traced <= max(layers, 0) or (layers and not traced):
+            not 0 <= traced <= layers or (layers and not traced):
         return (f"its model has {layers!r} layers of which {traced!r} were traced (at most 1024 layers, and from 1 to "
                 "all of them traced)")
-    bad = [o.layer for o in g.ops if o.section == Section.LAYER and not 0 <= o.layer < max(traced, 1)]
-    if g.meta.source == "config" and bad:
-        return f"an operator of layer {bad[0]} lies outside the {traced} traced layers"
+    outside = next((o.layer for o in g.ops if o.section == Section.LAYER and not 0 <= o.layer < max(traced, 1)),
+                   None) if g.meta.source == "config" else None
+    if outside is not None:
+        return f"an operator of layer {outside} lies outside the {traced} traced layers"
     for p in g.params:
         if any(not isinstance(d, int) or d < 0 for d in p.shape) or p.numel > MAX_TENSOR_ELEMENTS:
             return f"parameter {p.name!r} has shape {list(p.shape)[:8]} (at most {MAX_TENSOR_ELEMENTS:.0e} elements)"
