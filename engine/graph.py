@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -133,7 +133,8 @@ class Graph:
     def to_json(self) -> dict[str, Any]:
         return {
             "format": GRAPH_FORMAT,
-            "meta": asdict(self.meta),
+            # the fields as they are (asdict would deep-copy the model's config only to have it written out)
+            "meta": {f.name: getattr(self.meta, f.name) for f in fields(GraphMeta)},
             "params": [[p.name, list(p.shape), p.dtype, p.section.value, p.layer] for p in self.params],
             "memory": asdict(self.memory),
             "ops": [[o.op, o.sig, o.phase.value, o.section.value, o.layer, o.alloc_bytes] for o in self.ops],

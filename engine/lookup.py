@@ -147,11 +147,8 @@ class Category:
         n, d = len(self.points), len(q)
         if n < max(self.MLS_K, d + 2):
             return None
-        if self._la is None or self._le is None:
-            self._la = np.array([self._log_axes[p.axes] for p in self.points])
-            self._le = np.log(np.array([[max(p.eff_cold, 1e-12), max(p.eff_warm, 1e-12)] for p in self.points]))
-        le = self._le
-        x = self._la - np.array(_logs(q))
+        la, le = self._log_arrays()
+        x = la - np.array(_logs(q))
         dist = np.sqrt((x * x).sum(axis=1))
         idx = np.argpartition(dist, self.MLS_K - 1)[:self.MLS_K]
         x, dist, y = x[idx], dist[idx], le[idx]
@@ -166,8 +163,21 @@ class Category:
         e = np.clip(beta[0], y.min(axis=0), y.max(axis=0))
         return float(np.exp(e[0])), float(np.exp(e[1]))
 
+    def _log_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The points' log axes and log efficiencies as arrays (built at the first fit or distance query)."""
+        if self._la is None or self._le is None:
+            self._la = np.array([self._log_axes[p.axes] for p in self.points])
+            self._le = np.log(np.array([[max(p.eff_cold, 1e-12), max(p.eff_warm, 1e-12)] for p in self.points]))
+        return self._la, self._le
+
     def nearest(self, q: tuple[float, ...], k: int) -> list[tuple[float, Point]]:
         lq = _logs(q)
+        if self.points and len(lq) < 8:
+            # over the array: the same sums in the same order (numpy adds fewer than 8 terms one by one), and a
+            # stable sort keeps the first of equally near points as the loop below does
+            x = self._log_arrays()[0] - np.array(lq)
+            dist = np.sqrt((x * x).sum(axis=1))
+            return [(float(dist[i]), self.points[i]) for i in np.argsort(dist, kind="stable")[:k].tolist()]
         ds = []
         for p in self.points:
             la = self._log_axes[p.axes]

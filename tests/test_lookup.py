@@ -271,6 +271,27 @@ def test_scattered_points_fit_a_local_power_law() -> None:
     assert lin.estimate(q, roof_q)[3] == 4
 
 
+def test_nearest_points_are_those_of_the_plain_distance_loop() -> None:
+    """The nearest points, by log distance, are those a loop over every point finds: the same distances to the
+    last bit, the same order, and the first of equally near points first (a grid has many ties)."""
+    import math as m_
+
+    from tp_query.engine.lookup import Category, Point, _logs
+
+    pts = [Point((float(2 ** a), float(2 ** b), float(3 ** c)), 1.0 + a, 1.0 + b, 1.0) for a in range(6)
+           for b in range(5) for c in range(3)]
+    cat = Category(pts, log_space=True)
+    for q in ((2.0 ** 2.5, 2.0 ** 1.5, 3.0), (1.0, 1.0, 1.0), (2.0 ** 9, 3.0, 3.0 ** 1.5), (5.0, 7.0, 11.0)):
+        lq = _logs(q)
+        loop = sorted(((m_.sqrt(sum((a - b) ** 2 for a, b in zip(cat._log_axes[p.axes], lq, strict=True))), i)
+                       for i, p in enumerate(cat.points)), key=lambda t: t[0])
+        for k in (1, 4, len(pts)):
+            got = cat.nearest(q, k)
+            assert [d for d, _ in got] == [d for d, _ in loop[:k]]
+            assert [p for _, p in got] == [cat.points[i] for _, i in loop[:k]]
+    assert Category([], log_space=True).nearest((1.0, 2.0), 4) == []
+
+
 def test_attention_seed_scalars_do_not_split_a_category() -> None:
     """The collector's attention backward holds the RNG seed and offset on the device, a traced step's on the host:
     a traced call is still priced from the grid's points of its category (interpolated between two sequence
