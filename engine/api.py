@@ -75,6 +75,8 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
     """One prediction; the split as keywords (those left out take ParallelConfig's defaults: DP=TP=PP=1, ...), or
     as a ParallelConfig (`parallel=`), not both. Every refusal is a TpQueryError with a one-line message."""
     gpu, db, torch_version = _where(gpu, db, torch_version)
+    if type(with_ops).__name__ not in ("bool", "bool_"):  # 'no' is truthy: a string would silently mean True
+        raise PredictError(f"with_ops= must be True or False, got {with_ops!r}"[:200])
     cfg, name = _model(model)
     split = {k: v for k, v in dict(
         dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,

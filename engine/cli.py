@@ -333,25 +333,52 @@ def sql(
             raise UserError(f"--format must be table, csv or json, got {fmt!r}")
         if limit is not None and limit < 1:
             raise UserError(f"--limit must be a positive integer (rows printed), got {limit}")
-        t = Database(gpu, db).user_sql(query)
-        if fmt != "table" and limit is not None:
-            t = t.slice(0, limit)
-        if fmt == "json":  # JSON has no NaN or infinity: a non-finite number is null
-            rows = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
-                    for r in t.to_pylist()]
-            typer.echo(json.dumps(rows, default=str, indent=1, allow_nan=False))
+        _bound_address_space()
+        keep = (50 if limit is None else limit) if fmt == "table" else limit
+        t, total = Database(gpu, db).user_sql_rows(query, keep)
+        if fmt == "json":  # JSON has no NaN or infinity: a non-finite number is null; written a batch at a time
+            sys.stdout.write("[" if t.num_rows else "[]\n")
+            first = True
+            for batch in t.to_batches(max_chunksize=4096):
+                for r in batch.to_pylist():
+                    row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+                    text = json.dumps(row, default=str, indent=1, allow_nan=False).replace("\n", "\n ")
+                    sys.stdout.write(("\n " if first else ",\n ") + text)
+                    first = False
+            if t.num_rows:
+                sys.stdout.write("\n]\n")
+            sys.stdout.flush()
         elif fmt == "csv":
-            import io
-
             import pyarrow.csv as pacsv
 
-            out = io.BytesIO()
-            pacsv.write_csv(t, out)
-            typer.echo(out.getvalue().decode(), nl=False)
+            sys.stdout.flush()
+            pacsv.write_csv(t, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
         else:
-            typer.echo(arrow_table_text(t, 50 if limit is None else limit))
+            typer.echo(arrow_table_text(t, keep or 50, total))
 
     _guard(go)
+
+
+def _bound_address_space() -> None:
+    """`tp-query sql` runs one query in its own process: its address space is bounded to what it holds now plus
+    DuckDB's memory limit and the result's bound (and headroom), so an allocation DuckDB does not count (a 2 GB
+    string from repeat()) fails as DuckDB's out-of-memory error instead of growing the process."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: DuckDB's memory limit and the result's bound remain
+        return
+    from tp_query.engine.db import USER_SQL_MEMORY_MB, USER_SQL_RESULT_MB
+
+    try:
+        with open("/proc/self/status") as f:
+            vm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return
+    want = vm_kb * 1024 + ((USER_SQL_MEMORY_MB + 4 * USER_SQL_RESULT_MB + 512) << 20)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft > want:
+        resource.setrlimit(resource.RLIMIT_AS, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
 
 
 @db_app.command("verify")
@@ -541,6 +568,7 @@ def search(
                             "precisions, mp_bf16 or mp_fp16) so the ranking is Megatron-Core's")
         if price_per_gpu_hour is not None and tokens is None:
             raise UserError("--price-per-gpu-hour prices a job: give its token budget with --tokens")
+
         if top < 0:
             raise UserError(f"--top must be 0 (every configuration) or more, got {top}")
         precs = list(Setting) if precision and "all" in precision else [_setting(p) for p in (precision or ["amp_bf16"])]
@@ -629,9 +657,16 @@ def plot(
     out: Annotated[Path, typer.Option("--out", "-o", help=".svg (or .png, .pdf with matplotlib installed)")],
     model: Annotated[Path | None, typer.Option(help="breakdown: the model config")] = None,
     dp: int = 1, tp: int = 1, pp: int = 1,
-    seq_len: Annotated[int, typer.Option("--seq-len")] = 4096,
-    micro_batch: Annotated[int, typer.Option("--micro-batch")] = 1,
-    precision: Annotated[list[str] | None, typer.Option(help="settings to compare (default every setting)")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help="breakdown: default 4096 (a graph file: its "
+                                                "own)")] = None,
+    micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="breakdown: default 1 (a graph file: "
+                                                    "its own)")] = None,
+    global_batch: Annotated[int | None, typer.Option("--global-batch", help="breakdown: sequences per iteration "
+                                                     "(default DP x micro-batch; with PP, that x PP)")] = None,
+    pp_schedule: Annotated[str | None, typer.Option("--pp-schedule", help="breakdown: 1f1b | gpipe | "
+                                                    "interleaved1f1b")] = None,
+    precision: Annotated[list[str] | None, typer.Option(help="settings to compare (default every setting; a "
+                                                             "graph file: its own)")] = None,
     kind: Annotated[str | None, typer.Option(help="latency: operator kind (mm, elementwise, attn_cudnn_fwd, ...; "
                                                   "default mm)")] = None,
     gpu: GpuOpt = "h200",
@@ -653,7 +688,13 @@ def plot(
             from tp_query.engine.api import predict as api_predict
 
             precs = [_setting(p) for p in precision] if precision else list(Setting)
-            if not precision:
+            graph_meta = load_model_file(model).get("meta") if model.is_file() else None
+            meta = graph_meta if isinstance(graph_meta, dict) else {}
+            seq = seq_len if seq_len is not None else int(meta.get("seq_len") or 4096)
+            mb = micro_batch if micro_batch is not None else int(meta.get("micro_batch") or 1)
+            if not precision and meta:  # a graph file answers for its own precision
+                precs = [_setting(str(meta.get("setting", "amp_bf16")))]
+            elif not precision:
                 import importlib.util
 
                 from tp_query.schema.precision import SETTINGS
@@ -675,15 +716,18 @@ def plot(
             with _Status(f"predicting {len(precs)} settings"):
                 labels, parts = P.breakdown_across(
                     [(s.value, api_predict(model, gpu=gpu, db=db, precision=s, dp=dp, tp=tp, pp=pp,
-                                           micro_batch=micro_batch, seq_len=seq_len)) for s in precs])
+                                           micro_batch=mb, seq_len=seq, global_batch=global_batch,
+                                           pp_schedule=pp_schedule)) for s in precs])
             P.save(P.Chart("bars", f"{model.stem}: one iteration (DP{dp} TP{tp} PP{pp})", "", "ms",
                            labels=labels, parts=parts), out)
         elif what == "latency":
             from tp_query.engine.db import Database
 
             given = [f for f, v in (("--model", model is not None), ("--dp", dp != 1), ("--tp", tp != 1),
-                                    ("--pp", pp != 1), ("--seq-len", seq_len != 4096),
-                                    ("--micro-batch", micro_batch != 1)) if v]
+                                    ("--pp", pp != 1), ("--seq-len", seq_len is not None),
+                                    ("--micro-batch", micro_batch is not None),
+                                    ("--global-batch", global_batch is not None),
+                                    ("--pp-schedule", pp_schedule is not None)) if v]
             if given:
                 raise UserError(f"{', '.join(given)} apply to plot breakdown; plot latency shows measured "
                                 "operator latency against size, per precision")
@@ -693,6 +737,13 @@ def plot(
                 raise UserError(f"no measurements of kind {kind_!r} in the {gpu} database")
             if precision:  # the precisions asked for, each one measured for this kind
                 have = {x.name.split(" ")[0] for x in series}
+                from tp_query.schema.precision import Precision
+
+                known = [x.value for x in Precision]
+                unknown = [p_ for p_ in precision if p_ not in known]
+                if unknown:
+                    raise UserError(f"--precision {unknown[0]!r} is not an operator precision: plot latency takes "
+                                    f"{', '.join(known)} (measured for {kind_}: {', '.join(sorted(have))})")
                 missing = [p_ for p_ in precision if p_ not in have]
                 if missing:
                     raise UserError(f"no {kind_} measurements in {', '.join(missing)} (measured: "

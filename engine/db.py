@@ -31,12 +31,26 @@ from .dbcache import DB_ENV, DatabaseError, default_root  # noqa: F401 - part of
 MAX_LATENCY_US = 1e8
 USER_SQL_MEMORY_MB = 2048  # what one ad-hoc query may hold (DuckDB's memory_limit)
 USER_SQL_TIMEOUT_S = float(os.environ.get("TP_QUERY_SQL_TIMEOUT_S", "60"))  # then the query is interrupted
+USER_SQL_RESULT_MB = 256  # the rows one ad-hoc query may hand back (Arrow bytes); more is refused, not printed
+_SQL_BATCH_ROWS = 65_536
 
 
 def available_gpus(root: Path) -> list[str]:
     if str(root).startswith(("s3://", "http://", "https://")):
         return sorted(GPUS)
     return sorted(p.name for p in root.iterdir() if (p / "ops").is_dir()) if root.is_dir() else []
+
+
+def missing_database(root: str, gpu: str) -> str:
+    """Why a database folder holds no database of this GPU, with the likely fix."""
+    if not root.strip():
+        return "--db is empty: give the folder that holds one database folder per GPU (such as data)"
+    r = Path(root)
+    if (r / "ops").is_dir():  # the GPU's own folder given instead of its parent
+        return (f"{root} is one GPU's database ({r.name}); --db names the folder above it: --db "
+                f"{r.parent} --gpu {r.name}")
+    have = available_gpus(r)
+    return f"no profile database for GPU {gpu!r} under {root} (available: {', '.join(have) or 'none'})"
 
 
 @dataclass(frozen=True)
@@ -110,9 +124,7 @@ class Database:
         else:
             base_p = Path(self.root) / gpu
             if not (base_p / "ops").is_dir():
-                have = available_gpus(Path(self.root))
-                raise DatabaseError(f"no profile database for GPU {gpu!r} under {self.root} "
-                                    f"(available: {', '.join(have) or 'none'})")
+                raise DatabaseError(missing_database(self.root, gpu))
             if validate:
                 try:
                     manifest.verify(base_p, gpu)
@@ -311,6 +323,12 @@ class Database:
     def user_sql(self, query: str) -> pa.Table:
         """A user's ad-hoc query: exactly one SELECT (or WITH ... SELECT) statement, on a connection that can
         read only this database's folders, load no extension and change no setting."""
+        return self.user_sql_rows(query)[0]
+
+    def user_sql_rows(self, query: str, keep_rows: int | None = None) -> tuple[pa.Table, int]:
+        """A user's ad-hoc query (as `user_sql`), streamed: its first `keep_rows` rows (every row when None) and
+        how many it returned. The rows kept are bounded by USER_SQL_RESULT_MB, the query by DuckDB's memory limit
+        and USER_SQL_TIMEOUT_S; past a bound it is refused with the reason."""
         try:
             query.encode("utf-8")
         except UnicodeEncodeError:
@@ -328,14 +346,17 @@ class Database:
         except duckdb.Error as e:
             raise DatabaseError(f"SQL error: {first_line(e)}") from None
         if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
-            kinds = ", ".join(str(s.type).split(".")[-1] for s in stmts) or "nothing"
+            # named by the statement's own first word (DuckDB files INSTALL under LOAD)
+            kinds = ", ".join((s.query.split(None, 1) or [str(s.type).split(".")[-1]])[0].upper()[:20]
+                              for s in stmts) or "nothing"
             raise DatabaseError(f"only one SELECT (or WITH ... SELECT) statement is allowed, got {kinds}")
         # a query that runs past its time is interrupted (DuckDB has no statement timeout of its own)
         timer = threading.Timer(USER_SQL_TIMEOUT_S, self.con.interrupt)
         timer.daemon = True
         timer.start()
         try:
-            return _unique_names(self.sql(query))
+            table, rows = _streamed(self.con, query, keep_rows)
+            return _unique_names(table), rows
         except DatabaseError as e:
             if not timer.is_alive() and "interrupt" in str(e).lower():
                 raise DatabaseError(f"the query ran past {USER_SQL_TIMEOUT_S:g} s and was stopped") from None
@@ -394,6 +415,31 @@ class Database:
 
     def close(self) -> None:
         self.con.close()
+
+
+def _streamed(con: duckdb.DuckDBPyConnection, query: str, keep_rows: int | None) -> tuple[pa.Table, int]:
+    """A query's first rows as Arrow, read batch by batch (the rest counted, not held), and its row count."""
+    cap = USER_SQL_RESULT_MB << 20
+    kept: list[pa.RecordBatch] = []
+    held = rows = 0
+    try:
+        res = con.execute(query)
+        reader = res.to_arrow_reader(_SQL_BATCH_ROWS) if hasattr(res, "to_arrow_reader") else \
+            res.fetch_record_batch(_SQL_BATCH_ROWS)
+        schema = reader.schema
+        for batch in reader:
+            want = batch.num_rows if keep_rows is None else min(batch.num_rows, max(0, keep_rows - rows))
+            rows += batch.num_rows
+            if want:
+                part = batch.slice(0, want)
+                held += part.nbytes
+                if held > cap:
+                    raise DatabaseError(f"the result holds over {USER_SQL_RESULT_MB} MB ({rows} rows read): add a "
+                                        "LIMIT, select fewer columns, or aggregate")
+                kept.append(part)
+    except (duckdb.Error, pa.ArrowException, OSError) as e:  # DuckDB's error, also as Arrow's stream raises it
+        raise DatabaseError(f"SQL error: {first_line(e)}") from None
+    return pa.Table.from_batches(kept, schema=schema), rows
 
 
 def _unique_names(t: pa.Table) -> pa.Table:

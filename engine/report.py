@@ -129,7 +129,10 @@ def rollup(rows: list[OpRow], by: str) -> list[dict[str, Any]]:
     return sorted(acc.values(), key=lambda g: -g["total_ms"])
 
 
-def arrow_table_text(t: pa.Table, limit: int = 50) -> str:
+def arrow_table_text(t: pa.Table, limit: int = 50, total: int | None = None) -> str:
+    """The first `limit` rows as aligned text, and how many more the result has (`total`: its row count when the
+    table holds only its first rows)."""
+    total = t.num_rows if total is None else total
     cols = t.column_names
     rows = t.slice(0, limit).to_pylist()
 
@@ -144,8 +147,8 @@ def arrow_table_text(t: pa.Table, limit: int = 50) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)),
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    if t.num_rows > limit:
-        lines.append(f"... {t.num_rows - limit} more rows")
+    if total > min(limit, t.num_rows):
+        lines.append(f"... {total - min(limit, t.num_rows)} more rows")
     return "\n".join(lines)
 
 

@@ -158,11 +158,14 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
             raise SearchError(f"{what} must be an integer in {low}..{top}, got {v!r}")
     if not space.precisions:
         raise SearchError("the precision list is empty")
-    for what, amount, rule in (("tokens", tokens, "a number in (0, 1e16]: no training run has more"),
-                               ("price per GPU-hour", price_per_gpu_hour, "a finite number >= 0")):
+    bounds: tuple[tuple[str, float | None, bool, float, str], ...] = (
+        ("tokens", tokens, True, 1e16, "a number in (0, 1e16]: no training run has more"),
+        ("price per GPU-hour", price_per_gpu_hour, False, 1e6,
+         "a number in [0, 1e6] (dollars, as a system file's price is bounded)"))
+    for what, amount, low_open, ceiling, rule in bounds:
         if amount is not None and (isinstance(amount, bool) or not isinstance(amount, int | float)
-                                   or not math.isfinite(amount) or amount < 0
-                                   or (what == "tokens" and not 0 < amount <= 1e16)):
+                                   or not math.isfinite(amount) or amount < 0 or (low_open and amount == 0)
+                                   or amount > ceiling):
             raise SearchError(f"{what} must be {rule}, got {amount!r}")
     if space.framework not in ("torch", "megatron"):
         raise SearchError(f"unknown framework {space.framework!r}: torch or megatron")

@@ -329,6 +329,14 @@ def _parse_gpt2(cfg: dict[str, Any], name: str, family: ArchFamily, model_type: 
     if h % heads:
         raise ConfigError(f"n_embd {h} is not divisible by n_head {heads}")
     inner = cfg.get("n_inner")
+    act = _need(cfg, "activation_function", default="gelu_new")
+    if act not in GPT2_ACTS:
+        raise ConfigError(f"activation_function {str(act)[:40]!r} is not modelled for GPT-2 (modelled: "
+                          f"{', '.join(GPT2_ACTS)})")
+    if cfg.get("add_cross_attention"):
+        raise ConfigError("add_cross_attention true gives every GPT-2 block an encoder cross-attention (parameters, "
+                          "gradients and optimizer state that a decoder-only step leaves unused) and is not "
+                          "modelled: drop it or set it to false")
     return ModelSpec(
         name=name, family=family, model_type=model_type,
         vocab_size=_pos_int("vocab_size", _need(cfg, "vocab_size")),
@@ -336,7 +344,7 @@ def _parse_gpt2(cfg: dict[str, Any], name: str, family: ArchFamily, model_type: 
         num_layers=_pos_int("n_layer", _need(cfg, "n_layer", "num_hidden_layers")),
         num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
         intermediate_size=_pos_int("n_inner", inner) if inner is not None else 4 * h,
-        hidden_act=str(_need(cfg, "activation_function", default="gelu_new")),
+        hidden_act=str(act),
         norm_eps=_nonneg_float("layer_norm_epsilon", _need(cfg, "layer_norm_epsilon", default=1e-5)),
         qkv_bias=True, o_bias=True, mlp_bias=True,
         tie_word_embeddings=_bool("tie_word_embeddings", cfg.get("tie_word_embeddings"), True),
@@ -355,6 +363,10 @@ _ACT_DEFAULT = {ArchFamily.GEMMA2: "gelu_pytorch_tanh", ArchFamily.GEMMA3: "gelu
                 ArchFamily.GPT_NEOX: "gelu"}
 _TIED_DEFAULT = {ArchFamily.GEMMA2: True, ArchFamily.GEMMA3: True}
 _ACTS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "relu", "gelu_new", "gelu_fast")
+# what the native builder's copies apply (engine/trace/models.py keys its activations by these; a test holds them
+# equal): another activation of the native families is refused, not a KeyError at trace time
+NATIVE_LLAMA_ACTS = ("silu", "swish", "relu", "gelu", "gelu_pytorch_tanh", "gelu_new")
+GPT2_ACTS = ("gelu_new", "gelu", "relu", "gelu_pytorch_tanh")
 
 
 def _transformers_layer_types(cfg: dict[str, Any], model_type: str, n: int) -> tuple[str, ...] | None:
@@ -377,17 +389,40 @@ def _transformers_layer_types(cfg: dict[str, Any], model_type: str, n: int) -> t
     return tuple(own[:n])
 
 
+class WindowRule(StrEnum):
+    """How a model type's transformers 5.17 modules decide which layers attend within the window (read from their
+    modeling files): never (Llama and GPT-NeoX read no window key), every layer while a window is set (Mistral,
+    Mixtral, Phi-3, Qwen3-MoE: a layer_types list is not read), or the config's layer_types (given, or derived by
+    the config class: Qwen2, Qwen3, Qwen2-MoE, Gemma 2 and 3)."""
+    NEVER = "never"
+    EVERY = "every"
+    LISTED = "listed"
+
+
+WINDOW_RULES: dict[str, WindowRule] = {
+    "llama": WindowRule.NEVER, "gpt_neox": WindowRule.NEVER,
+    "mistral": WindowRule.EVERY, "mixtral": WindowRule.EVERY, "phi3": WindowRule.EVERY, "qwen3_moe": WindowRule.EVERY,
+    "qwen2": WindowRule.LISTED, "qwen3": WindowRule.LISTED, "qwen2_moe": WindowRule.LISTED,
+    "gemma2": WindowRule.LISTED, "gemma3_text": WindowRule.LISTED,
+}
+
+
 def _layer_types(cfg: dict[str, Any], family: ArchFamily, model_type: str, n: int, window: int | None
                  ) -> tuple[str, ...]:
-    """Which layers attend within the sliding window, as transformers 5.17's configs decide."""
-    given = cfg.get("layer_types")
+    """Which layers attend within the sliding window, as transformers 5.17's configs and modules decide."""
     generic = family == ArchFamily.TRANSFORMERS
+    rule = WINDOW_RULES.get(model_type)
+    given = cfg.get("layer_types") if generic or rule == WindowRule.LISTED else None
     if given is not None:
         ok = (lambda x: isinstance(x, str) and bool(x)) if generic else (lambda x: x in (FULL, SLIDING))
         if not (isinstance(given, list) and len(given) >= n and all(ok(x) for x in given[:n])):
             raise ConfigError(f"layer_types must list {n} of {FULL!r} / {SLIDING!r}" +
                               (" (or the model type's own layer kinds)" if generic else ""))
         lt = tuple(given[:n])
+        if not generic and window is None and SLIDING in lt:
+            raise ConfigError(f"{model_type}: layer_types lists sliding layers but no window is in force "
+                              "(sliding_window null, or use_sliding_window false): give the window, or list full "
+                              "layers only")
     elif generic and window is not None:
         # which layers a window applies to is the model type's own rule in transformers (Cohere2's every 4th layer
         # full, from its class's sliding_window_pattern); the trace checks the reading against it
@@ -399,13 +434,20 @@ def _layer_types(cfg: dict[str, Any], family: ArchFamily, model_type: str, n: in
     elif family == ArchFamily.GEMMA3:
         pattern = _pos_int("sliding_window_pattern", cfg.get("sliding_window_pattern", 6))
         lt = tuple(SLIDING if (i + 1) % pattern else FULL for i in range(n))
-    elif model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
-        first = cfg.get("max_window_layers", n)
-        first = first if isinstance(first, int) and not isinstance(first, bool) else n
+    elif model_type in ("qwen2", "qwen3"):
+        first = _max_window_layers(cfg, n)
         lt = tuple(SLIDING if i >= first else FULL for i in range(n))
-    else:  # Mistral, Mixtral, Phi-3: every layer
+    elif model_type == "qwen2_moe":  # its config class: odd-numbered layers below max_window_layers
+        last = _max_window_layers(cfg, n)
+        lt = tuple(SLIDING if (i + 1) % 2 and i < last else FULL for i in range(n))
+    else:  # Mistral, Mixtral, Phi-3, Qwen3-MoE: every layer
         lt = (SLIDING,) * n
     return () if all(x == FULL for x in lt) else lt
+
+
+def _max_window_layers(cfg: dict[str, Any], n: int) -> int:
+    first = cfg.get("max_window_layers", n)
+    return first if isinstance(first, int) and not isinstance(first, bool) else n
 
 
 def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_type: str) -> ModelSpec:
@@ -439,6 +481,8 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     vocab = _pos_int("vocab_size", _need(cfg, "vocab_size"))
     sw = cfg.get("sliding_window")
     use_sw = cfg.get("use_sliding_window", model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"))
+    if WINDOW_RULES.get(model_type) == WindowRule.NEVER:
+        sw = None  # transformers' Llama and GPT-NeoX attend to every token whatever the config says (config_notes)
     window = _pos_int("sliding_window", sw) if (sw is not None and use_sw is not False) else None
     if window is None and family in (ArchFamily.GEMMA2, ArchFamily.GEMMA3) and not isinstance(cfg.get("layer_types"), list):
         raise ConfigError(f"{model_type}: sliding_window is null, but its layers alternate sliding and full attention "
@@ -474,6 +518,9 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     if ffn is None:
         raise ConfigError("config is missing intermediate_size")
     native = family == ArchFamily.LLAMA and window is None
+    if native and act not in NATIVE_LLAMA_ACTS:
+        raise ConfigError(f"hidden_act {act!r} is not modelled for {model_type} (modelled: "
+                          f"{', '.join(NATIVE_LLAMA_ACTS)})")
     if family == ArchFamily.LLAMA and window is not None:
         family = ArchFamily.MISTRAL if model_type == "mistral" else ArchFamily.QWEN2
     # a model type known only to transformers keeps its own layer_types rule unless the config lists them (the
@@ -487,7 +534,7 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         intermediate_size=ffn,
         hidden_act=act,
         norm_eps=_nonneg_float("rms_norm_eps", _need(cfg, "rms_norm_eps", "layer_norm_eps", default=1e-6)),
-        qkv_bias=True if qwen2 else bias,
+        qkv_bias=_bool("qkv_bias", cfg.get("qkv_bias"), True) if model_type == "qwen2_moe" else True if qwen2 else bias,
         o_bias=False if qwen2 else bias,
         mlp_bias=False if qwen2 else _bool("mlp_bias", cfg.get("mlp_bias"), neox),
         tie_word_embeddings=_bool("tie_word_embeddings", cfg.get("tie_word_embeddings"),
@@ -651,6 +698,11 @@ def with_class_defaults(cfg: dict[str, Any], model_type: str, family: ArchFamily
     if aliases:  # a key under either of its names (attribute_map: transformers 5 saves Qwen3-MoE's num_experts as
         cfg = dict(cfg)  # num_local_experts), so a default never replaces a value given under the other name
         for alias, canon in aliases.items():
+            if alias in cfg and canon in cfg and cfg[alias] != cfg[canon]:
+                # which one transformers keeps depends on its class's field order (GPT-2 keeps the alias, Qwen3-MoE
+                # the field): a file stating two values is refused, not read one way
+                raise ConfigError(f"{canon} {str(cfg[canon])[:40]} and {alias} {str(cfg[alias])[:40]} name the same "
+                                  f"setting of {model_type} with different values: keep one")
             if alias in cfg and canon not in cfg:
                 cfg[canon] = cfg[alias]
             elif canon in cfg and alias not in cfg:
@@ -669,7 +721,16 @@ def _unwrapped(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
         # Llama-4 as published is its multimodal wrapper: its language model trains as Llama4ForCausalLM
         return {**cfg["text_config"], "model_type": "llama4_text", "architectures": ["Llama4ForCausalLM"]}, "llama4"
     if mt == "gemma3" and isinstance(cfg.get("text_config"), dict):
-        return {**cfg["text_config"], "model_type": "gemma3_text"}, "gemma3"
+        # Gemma3ForConditionalGeneration ties its LM head by the wrapper's own tie_word_embeddings (its class
+        # default true), not text_config's: a text_config stating otherwise is refused
+        text = cfg["text_config"]
+        tied = cfg.get("tie_word_embeddings", True)
+        if "tie_word_embeddings" in text and text["tie_word_embeddings"] != tied:
+            raise ConfigError(f"gemma3: text_config.tie_word_embeddings {json.dumps(text['tie_word_embeddings'])} "
+                              "but the wrapper's tie_word_embeddings, which Gemma3ForConditionalGeneration follows, "
+                              f"is {json.dumps(tied)}{'' if 'tie_word_embeddings' in cfg else ' (its class default)'}: "
+                              "make them agree")
+        return {**text, "model_type": "gemma3_text", "tie_word_embeddings": tied}, "gemma3"
     return cfg, ""
 
 
@@ -688,7 +749,10 @@ def config_notes(cfg: Any) -> list[str]:
     if wrapper:
         notes.append(f"{wrapper}: the language model alone (text_config) is predicted; the vision tower and its "
                      "image tokens are not modelled")
-    _, taken = with_class_defaults(text, model_type, family)
+    try:
+        _, taken = with_class_defaults(text, model_type, family)
+    except ConfigError:
+        return notes
     sizes = {k: v for k, v in taken.items() if k in _SIZE_KEYS}
     if {**taken, **text}.get("use_sliding_window") is False:
         sizes.pop("sliding_window", None)  # a window the model does not use (Qwen2/3's default) sets no size
@@ -706,6 +770,13 @@ def config_notes(cfg: Any) -> list[str]:
         notes.append("llama4_text: transformers' Llama4TextMoe runs every routed expert on every token (inputs "
                      "repeated per expert, scaled by the router's scores, one batched GEMM): the time, memory and "
                      "hardware FLOPs are that dense run's, not top-k routing's")
+    rule = WINDOW_RULES.get(model_type)
+    if rule == WindowRule.NEVER and (text.get("sliding_window") is not None or text.get("layer_types") is not None):
+        notes.append(f"{model_type}: transformers' {model_type} attends to every token and reads neither "
+                     "sliding_window nor layer_types: full attention is predicted, as it runs")
+    elif rule == WindowRule.EVERY and text.get("layer_types") is not None:
+        notes.append(f"{model_type}: transformers' {model_type} does not read layer_types: every layer attends "
+                     "within sliding_window when one is set, and is predicted so")
     cap = text.get("attn_logit_softcapping")
     if cap is not None and family != ArchFamily.GPT2:
         notes.append(f"attn_logit_softcapping {cap}: SDPA attention, which transformers builds by default, does not "

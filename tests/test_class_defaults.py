@@ -7,7 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
-from tp_query.schema.model_config import ArchFamily, config_notes, hf_class_defaults, parse_config
+from tp_query.schema.model_config import (
+    WINDOW_RULES,
+    ArchFamily,
+    ConfigError,
+    WindowRule,
+    config_notes,
+    hf_class_defaults,
+    parse_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -200,3 +208,100 @@ def test_a_transformers_only_type_slides_by_its_own_rule() -> None:
     own = transformers.AutoConfig.for_model(**cfg).layer_types
     assert len(set(own)) == 2  # the test means something: the class mixes full and sliding layers
     assert parse_config(cfg).layer_types == tuple(own)
+
+
+def _modeling_source(model_type: str) -> str:
+    name = model_type.removesuffix("_text")
+    return (Path(transformers.__file__).parent / "models" / name / f"modeling_{name}.py").read_text()
+
+
+@pytest.mark.skipif(not SAME_VERSION, reason="the rules were read from another transformers version")
+@pytest.mark.parametrize("mt", sorted(WINDOW_RULES))
+def test_window_rule_is_what_the_modeling_file_reads(mt: str) -> None:
+    """Per model type, whether transformers' modules read a per-layer list (config.layer_types[i]), one window for
+    every layer, or no window at all (a Llama config with a sliding_window key was predicted as Qwen2's windows)."""
+    src = _modeling_source(mt)
+    own = WindowRule.LISTED if "layer_types[" in src else WindowRule.EVERY if "sliding_window" in src \
+        else WindowRule.NEVER
+    assert WINDOW_RULES[mt] == own
+
+
+_SIZES = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
+          "vocab_size": 1000, "num_hidden_layers": 6}
+_WINDOWS = [{"sliding_window": 64}, {"sliding_window": 64, "use_sliding_window": True},
+            {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 3},
+            {"sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"] * 3}, {}]
+
+
+@pytest.mark.skipif(not SAME_VERSION, reason="the rules were read from another transformers version")
+@pytest.mark.parametrize("mt", ["llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
+                                "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("window", range(len(_WINDOWS)))
+def test_sliding_layers_are_those_transformers_runs(mt: str, window: int) -> None:
+    cfg = {"model_type": mt, **_SIZES, **_WINDOWS[window]}
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        cfg.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=256)
+    if mt == "mixtral":
+        cfg.update(num_local_experts=4, num_experts_per_tok=2)
+    obj = transformers.AutoConfig.for_model(**cfg)
+    win = getattr(obj, "sliding_window", None)
+    rule = WINDOW_RULES[mt]
+    if rule == WindowRule.LISTED and not win and "sliding_attention" in cfg.get("layer_types", []):
+        # transformers' sliding mask raises without a window ("Could not find a `sliding_window` argument")
+        with pytest.raises(ConfigError, match="no window is in force"):
+            parse_config(cfg)
+        return
+    if rule == WindowRule.NEVER or not win:
+        want = ("full_attention",) * 6
+    elif rule == WindowRule.EVERY:
+        want = ("sliding_attention",) * 6
+    else:
+        want = tuple(obj.layer_types)
+    spec = parse_config(cfg)
+    assert (spec.layer_types or ("full_attention",) * 6) == want
+    assert (spec.sliding_window is not None) == ("sliding_attention" in want)
+    if rule == WindowRule.NEVER:  # Llama's own builder, and the answer says the keys are not read
+        assert spec.builder.value == "native"
+        assert any("reads neither sliding_window nor layer_types" in n for n in config_notes(cfg)) == bool(
+            _WINDOWS[window])
+
+
+def test_a_list_of_sliding_layers_without_a_window_is_refused() -> None:
+    cfg = {"model_type": "qwen2", **_SIZES, "layer_types": ["sliding_attention"] * 6}
+    with pytest.raises(ConfigError, match="no window is in force"):
+        parse_config(cfg)
+
+
+@pytest.mark.parametrize(("mt", "canon", "alias", "extra"), [
+    ("gpt2", "n_embd", "hidden_size", {}), ("gpt2", "n_layer", "num_hidden_layers", {}),
+    ("mixtral", "num_local_experts", "num_experts", {}),
+    ("qwen3_moe", "num_local_experts", "num_experts", {"moe_intermediate_size": 128}),
+])
+def test_two_spellings_of_one_setting_must_agree(mt: str, canon: str, alias: str, extra: dict[str, int]) -> None:
+    """transformers keeps one of two differing spellings by its class's field order (GPT-2 the alias, Qwen3-MoE the
+    field), while the parameter count and Megatron read the other: a file stating both differently is refused."""
+    assert hf_class_defaults()["aliases"][mt][alias] == canon
+    cfg = {"model_type": mt, **extra, canon: 48, alias: 48}
+    parse_config(cfg)  # equal values are one setting
+    with pytest.raises(ConfigError, match=f"{canon} 48 and {alias} 24 name the same setting"):
+        parse_config({**cfg, alias: 24})
+
+
+def test_gemma3_wrapper_ties_by_its_own_key() -> None:
+    """Gemma3ForConditionalGeneration ties the LM head by the wrapper's tie_word_embeddings (class default true)."""
+    text = {"hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 2, "sliding_window": 1024}
+    wrap = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]}
+    obj = transformers.AutoConfig.for_model(**{**wrap, "tie_word_embeddings": False, "text_config": text})
+    assert obj.tie_word_embeddings is False and obj.text_config.tie_word_embeddings is True
+    assert parse_config({**wrap, "tie_word_embeddings": False, "text_config": text}).tie_word_embeddings is False
+    assert parse_config({**wrap, "text_config": text}).tie_word_embeddings is True
+    with pytest.raises(ConfigError, match="make them agree"):
+        parse_config({**wrap, "text_config": {**text, "tie_word_embeddings": False}})
+
+
+def test_gpt2_keys_that_change_the_model_are_honoured_or_refused() -> None:
+    with pytest.raises(ConfigError, match="activation_function 'bogus' is not modelled"):
+        parse_config({"model_type": "gpt2", "activation_function": "bogus"})
+    with pytest.raises(ConfigError, match="add_cross_attention"):
+        parse_config({"model_type": "gpt2", "add_cross_attention": True})
+    assert parse_config({"model_type": "gpt2", "add_cross_attention": False}).num_layers == 12

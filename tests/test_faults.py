@@ -73,7 +73,19 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "attn_eager": cfg("ae", attn_implementation="eager"),
         "router_logits_on": cfg("rl", architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4,
                                 num_experts_per_tok=2, output_router_logits=True),
+        "mlp_bias": cfg("mb", mlp_bias=True),
+        "gelu_mlp": cfg("gm", hidden_act="gelu"),
+        "attn_dropout": cfg("ad", attention_dropout=0.1),
     }
+    for name, obj in (  # whole files (not changes of the Llama config)
+            ("gpt2_cross_attention", {"model_type": "gpt2", "n_layer": 2, "add_cross_attention": True}),
+            ("gpt2_two_widths", {"model_type": "gpt2", "n_layer": 2, "n_embd": 768, "hidden_size": 1024}),
+            ("gemma3_two_ties", {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                                 "tie_word_embeddings": False,
+                                 "text_config": {"hidden_size": 2560, "num_hidden_layers": 2, "intermediate_size": 10240,
+                                                 "tie_word_embeddings": True}})):
+        out[name] = d / f"{name}.json"
+        out[name].write_text(json.dumps(obj))
     for name, text in (("empty", ""), ("not_json", "hidden_size: 4096"), ("json_array", "[1, 2, 3]"),
                        ("json_string", '"llama"'), ("deep_nesting", "[" * 100_000 + "]" * 100_000),
                        ("nan_literal", json.dumps(LLAMA)[:-1] + ', "rope_theta": NaN}'),
@@ -135,7 +147,7 @@ BAD_INPUTS: list[tuple[str, object]] = [
         "dims_as_strings", "dims_as_bool", "dims_as_float", "rope_negative", "tie_as_string", "unknown_arch",
         "arch_not_list", "unknown_act", "model_type_int", "rope_scaling_string", "rope_factor_negative",
         "two_architectures", "duplicate_key", "digits_5000", "gemma2_window_null", "attn_eager",
-        "router_logits_on")],
+        "router_logits_on", "gpt2_cross_attention", "gpt2_two_widths", "gemma3_two_ties")],
     ("system_unknown_key", lambda f: _predict(f, "llama", "--system", str(f["system_typo"]))),
     # flags
     ("micro_batch_zero", lambda f: _predict(f, "llama", "--micro-batch", "0")),
@@ -166,6 +178,10 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("megatron_sp", lambda f: _predict(f, "llama", "--tp", "2", "--sequence-parallel", "--framework", "megatron",
                                        "--precision", "mp_bf16")),
     ("megatron_pure_bf16", lambda f: _predict(f, "llama", "--precision", "bf16", "--framework", "megatron")),
+    # what Megatron-Core's local spec is modelled without (and --emit megatron would not write): refused
+    *[(f"megatron_{n}", functools.partial(lambda n, f: _predict(f, n, "--framework", "megatron", "--precision",
+                                                                 "mp_bf16"), n))
+      for n in ("mlp_bias", "gelu_mlp", "attn_dropout")],
     ("ep_without_megatron", lambda f: _predict(f, "llama", "--dp", "2", "--ep", "2")),
     ("ep_not_dividing_dp", lambda f: _predict(f, "llama", "--dp", "2", "--ep", "4", "--framework", "megatron")),
     ("moe_imbalance_nan", lambda f: _predict(f, "llama", "--moe-imbalance", "nan")),
@@ -234,6 +250,17 @@ def test_every_bad_input_is_one_line_and_exit_2(files: dict[str, Path]) -> None:
         if r.returncode != 2 or len(lines) != 1 or "Traceback" in r.stderr or not lines[0].startswith("error:"):
             bad.append(f"{name}: rc={r.returncode} stderr={r.stderr[-300:]!r}")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("mlp_bias", "biases on the QKV projection only"), ("gelu_mlp", "activation is 'gelu'"),
+    ("attn_dropout", "attention_dropout 0.1")])
+def test_megatron_refuses_what_its_local_spec_is_not_modelled_with(files: dict[str, Path], name: str,
+                                                                   said: str) -> None:
+    """Megatron-Core's local spec is modelled with SwiGLU, QKV bias at most and no dropout (the --emit megatron
+    line says so): a config asking for more was predicted without it, and the parameter count disagreed."""
+    r = _cli(_predict(files, name, "--framework", "megatron", "--precision", "mp_bf16"))
+    assert r.returncode == 2 and said in r.stderr, r.stderr[-400:]
 
 
 def test_graph_files_without_a_step_are_refused(tmp_path: Path) -> None:
@@ -512,6 +539,28 @@ def test_an_ad_hoc_query_is_bounded_in_time_and_memory(shipped_copy: Path, monke
     with pytest.raises(DatabaseError, match=r"(?i)out of memory"):
         d.user_sql("SELECT list(repeat('x', 1000000)) FROM range(100000)")
     assert d.user_sql("SELECT count(*) AS n FROM ops_ok").to_pylist()[0]["n"] > 0  # and the connection still answers
+
+
+def test_an_ad_hoc_result_is_streamed_and_bounded(shipped_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows past those printed are counted, not held (a 100M-row result reached 3.5 GB); the rows a query hands
+    back are bounded, and a process running one bounds its address space (a 2 GB repeat() reached 4 GB)."""
+    import tp_query.engine.db as dbm
+
+    d = Database("h200", shipped_copy)
+    t, n = d.user_sql_rows("SELECT range AS i FROM range(1000000)", 5)
+    assert n == 1_000_000 and t.column("i").to_pylist() == [0, 1, 2, 3, 4]
+    monkeypatch.setattr(dbm, "USER_SQL_RESULT_MB", 1)
+    with pytest.raises(DatabaseError, match=r"over 1 MB \(\d+ rows read\): add a LIMIT"):
+        d.user_sql("SELECT range AS i FROM range(1000000)")  # 8 MB of int64
+    assert d.user_sql_rows("SELECT range AS i FROM range(1000000)", 10)[1] == 1_000_000
+    r = _cli(["sql", "SELECT range AS i FROM range(100000000)", "--db", str(shipped_copy)])
+    assert r.returncode == 0 and r.stdout.strip().endswith("... 99999950 more rows"), r.stderr[-300:]
+    probe = ("import resource; from tp_query.engine.cli import _bound_address_space; _bound_address_space(); "
+             "vm = int(open('/proc/self/status').read().split('VmSize:')[1].split()[0]) << 10; "
+             "print(resource.getrlimit(resource.RLIMIT_AS)[0] - vm)")
+    headroom = int(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                                  timeout=60).stdout)
+    assert 0 < headroom <= (dbm.USER_SQL_MEMORY_MB + 4 * 256 + 512) << 20
 
 
 def test_a_report_refuses_runs_measured_on_another_gpu(tmp_path: Path) -> None:

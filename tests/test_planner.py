@@ -158,6 +158,7 @@ def test_api_inputs_are_checked_not_coerced(cpu_db: Path, tiny_llama_file: Path)
         ({"global_batch": False}, "global batch"), ({"moe_imbalance": "2"}, "moe_imbalance"),
         ({"parallel": {"dp": 2}}, "ParallelConfig"), ({"precision": "BF16"}, "choose from"),
         ({"parallel": ParallelConfig(dp=2), "dp": 1}, "given twice"), ({"strict": "yes"}, "strict"),
+        ({"with_ops": "no"}, "with_ops= must be True or False"),
     ]
     for extra, msg in bad:
         with pytest.raises(TpQueryError, match=msg):
@@ -228,6 +229,28 @@ def test_plots(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
             assert r.returncode == 0 and head.startswith(b"%PDF" if name.endswith("pdf") else b"\x89PNG")
         else:
             assert r.returncode == 2 and not (tmp_path / name).exists() and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plot_breakdown_takes_what_predict_takes(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
+    """A pipeline split needs the global batch (and schedule) its refusal names, and plot has those options; a
+    graph file is plotted at its own precision, sequence and micro-batch (it was refused at every other one);
+    plot latency names an unknown precision as one."""
+    db = ["--gpu", "cpu", "--db", str(cpu_db)]
+    out = tmp_path / "b.svg"
+    r = run_cli("plot", "breakdown", "--model", str(tiny_llama_file), *db, "--seq-len", "64", "--precision", "fp32",
+                "--pp", "2", "-o", str(out))
+    assert r.returncode == 2 and "global batch" in r.stderr
+    r = run_cli("plot", "breakdown", "--model", str(tiny_llama_file), *db, "--seq-len", "64", "--precision", "fp32",
+                "--pp", "2", "--global-batch", "4", "--pp-schedule", "gpipe", "-o", str(out))
+    assert r.returncode == 0 and "PP2" in out.read_text(), r.stderr
+    graph = tmp_path / "g.json.gz"
+    r = run_cli("trace", str(tiny_llama_file), "-o", str(graph), "--precision", "bf16", "--seq-len", "32",
+                "--micro-batch", "2")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("plot", "breakdown", "--model", str(graph), *db, "-o", str(out))
+    assert r.returncode == 0 and ">bf16<" in out.read_text() and ">fp32<" not in out.read_text(), r.stderr
+    r = run_cli("plot", "latency", "--precision", "amp_bf16", *db, "-o", str(tmp_path / "l.svg"))
+    assert r.returncode == 2 and "not an operator precision" in r.stderr
 
 
 def _free_port() -> int:

@@ -221,3 +221,15 @@ def test_megatron_attention_backward_peak_includes_the_softmax_temporary(monkeyp
     monkeypatch.setattr(capture, "CUDA_IN_OP_TEMPORARIES", {})
     without = traced().memory.layer_bwd_transient_bytes
     assert with_tmp - without == LLAMA.num_heads * 256 * 256 * 4
+
+
+def test_native_activations_are_those_the_parser_admits() -> None:
+    """The parser admits for the native builder exactly the activations its copies apply (a Llama config with
+    gelu_fast was a KeyError at trace time), and each traces."""
+    from tp_query.engine.trace import models
+    from tp_query.schema.model_config import GPT2_ACTS, NATIVE_LLAMA_ACTS
+
+    assert set(models._ACTS) == set(NATIVE_LLAMA_ACTS) and set(models._GPT2_ACTS) == set(GPT2_ACTS)
+    for act in NATIVE_LLAMA_ACTS:
+        g = trace_config(TraceRequest(parse_config({**TINY_LLAMA, "hidden_act": act}), Setting.FP32, 1, 16))
+        assert any(o.phase == Phase.BWD for o in g.ops)

@@ -6,6 +6,11 @@ if [ -n "${WHEELS:-}" ]; then
     "$WHEELS"/*.whl || exit 1
   EXTRA_PATH=/tmp/site${EXTRA_PATH:+:$EXTRA_PATH}
 fi
+# a step's failure is its pipeline's (each collector runs piped through tail) and the script's exit status: what
+# was collected still ships, and the call reports the failure instead of rc 0
+set -o pipefail
+FAILED=0
+trap 'rc=$?; [[ $BASH_COMMAND == return* ]] || echo "step failed (rc $rc): $BASH_COMMAND" >&2; FAILED=$rc' ERR
 mkdir -p .ns/tp_query && for d in schema engine collector; do ln -sfn "$PWD/$d" .ns/tp_query/$d; done
 export PYTHONPATH=$PWD/.ns${EXTRA_PATH:+:$EXTRA_PATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 
@@ -15,4 +20,5 @@ ship() {  # ship NAME: changed and new files under data/ -> $OUT/NAME.tgz (delet
     | while read -r f; do [ -e "$f" ] && echo "$f"; done > /tmp/ship.txt  # deleted ones go to gone.txt
   git ls-files -d data > "$OUT/gone.txt"
   tar czf "$OUT/$1.tgz" -T /tmp/ship.txt && wc -l < /tmp/ship.txt
+  return "$FAILED"
 }

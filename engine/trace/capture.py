@@ -579,6 +579,21 @@ def _validate(req: TraceRequest) -> None:
             raise TraceError("--framework megatron: sliding-window attention is not in Megatron-Core's local spec")
         if s.shared_expert_intermediate_size:
             raise TraceError("--framework megatron: shared experts are not modelled for Megatron-Core")
+        # the local spec as modelled (and as --emit megatron writes it): SwiGLU, bias on the QKV projection at
+        # most (--disable-bias-linear, --add-qkv-bias), no dropout; a config asking otherwise is refused
+        if not s.gated_mlp or s.hidden_act not in ("silu", "swish"):
+            raise TraceError(f"--framework megatron models Megatron-Core's SwiGLU MLP (--swiglu); this config's "
+                             f"activation is {s.hidden_act!r}: use --framework torch")
+        if s.o_bias or s.mlp_bias:
+            raise TraceError("--framework megatron models biases on the QKV projection only (--disable-bias-linear "
+                             "--add-qkv-bias); this config has output-projection or MLP biases "
+                             "(attention_bias / mlp_bias): use --framework torch")
+        drops = {k: v for k, v in (("attention_dropout", s.attention_dropout), ("resid_pdrop", s.resid_dropout),
+                                   ("embd_pdrop", s.embd_dropout)) if v}
+        if drops:
+            raise TraceError("--framework megatron is modelled without dropout (--attention-dropout 0 "
+                             "--hidden-dropout 0); this config sets " +
+                             ", ".join(f"{k} {v:g}" for k, v in drops.items()) + ": use --framework torch")
         if s.is_moe and req.tp > 1:
             raise TraceError("--framework megatron with MoE and TP > 1 (expert tensor parallelism, sequence "
                              "parallelism required by Megatron) is not modelled: use --tp 1 with --ep")

@@ -295,10 +295,6 @@ class LlamaAttention(nn.Module):
         return self.o_proj(attn_output)
 
 
-_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu, "swish": F.silu, "relu": F.relu, "gelu": F.gelu,
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-}
 
 
 class LlamaMLP(nn.Module):
@@ -359,6 +355,11 @@ def new_gelu(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
+# keyed by schema.model_config.NATIVE_LLAMA_ACTS and GPT2_ACTS (tests/test_trace.py holds them equal)
+_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "swish": F.silu, "relu": F.relu, "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu_new": new_gelu,
+}
 _GPT2_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_new": new_gelu, "gelu": F.gelu, "relu": F.relu,
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
