@@ -566,6 +566,9 @@ def search(
         if emit == "megatron" and framework != "megatron":
             raise UserError("--emit megatron launches Megatron-LM: search with --framework megatron (and its "
                             "precisions, mp_bf16 or mp_fp16) so the ranking is Megatron-Core's")
+        if emit == "torchrun" and framework != "torch":
+            raise UserError("--emit torchrun launches a PyTorch-native script; the ranking is Megatron-Core's: use "
+                            "--emit megatron")
         if price_per_gpu_hour is not None and tokens is None:
             raise UserError("--price-per-gpu-hour prices a job: give its token budget with --tokens")
 
@@ -583,12 +586,20 @@ def search(
 
         try:
             sysspec = _system(system)
+            if emit is not None:  # refused before the search, not after it
+                from tp_query.engine.search import launch_refusal
+
+                why = launch_refusal(gpus, sysspec.gpus_per_node if sysspec else 8)
+                if why:
+                    raise UserError(why)
             price = price_per_gpu_hour if price_per_gpu_hour is not None else (
                 sysspec.price_per_gpu_hour if sysspec else None)
             with progress:
                 # the rows shown with --json carry their sources and warnings; the table names #1's
+                # rows written to --output carry them all
+                explain = 1 << 30 if output is not None else (top or 10) if as_json else 1
                 res = run_search(Engine(gpu, db, sysspec, torch_version), cfg, space, tokens, price, model.stem,
-                                 prog, jobs=jobs, explain=(top or 10) if as_json else 1)
+                                 prog, jobs=jobs, explain=explain)
         except SearchError as e:
             raise UserError(str(e)) from None
         if not res.ranked:

@@ -57,6 +57,10 @@ class CommModel:
             k: sorted((b, statistics.median(ts)) for b, ts in v.items()) for k, v in by.items()}
         self._memo: dict[tuple[str, float, int, int], CommEstimate] = {}
 
+    def largest_bytes(self, collective: str) -> float:
+        """The largest message a measured table of this collective holds (0 without one)."""
+        return max((pts[-1][0] for (c, _), pts in self.table.items() if c == collective and pts), default=0.0)
+
     def per_node(self, ranks: int, stride: int = 1) -> int:
         """How many ranks of a group share a node when its ranks are `stride` apart in the launch order (a DP
         group's ranks are TP ranks apart: TP is the innermost dimension of torch's meshes and Megatron's)."""
@@ -101,6 +105,10 @@ class CommModel:
         if k >= ranks:  # one node: NVLink
             pts = self.table.get((collective, ranks))
             if pts and len(pts) >= 2:
+                if nbytes > pts[-1][0]:  # past the largest measured message: its bandwidth held, a model
+                    return CommEstimate(_interp_loglog(pts, nbytes), Source.COMM_MODEL,
+                                        f"nvlink (past the largest measured message, {pts[-1][0] / 1e9:.1f} GB: its "
+                                        "bandwidth held)")
                 return CommEstimate(_interp_loglog(pts, nbytes), Source.COMM_MEASURED, "nvlink")
             near = self._nearest_measured(collective, ranks)
             if near is not None and collective != "send_recv":

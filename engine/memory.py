@@ -30,6 +30,7 @@ class MemoryBreakdown:
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int
+    gathered_bytes: int  # FSDP2's unsharded parameters at the peak (the root and the layers in flight); 0 otherwise
     transient_bytes: int
     buffers_bytes: int
     peak_bytes: int
@@ -125,7 +126,7 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     peak = max(start_bwd, at_opt, at_merge, in_bwd) + buffers
     capacity = int((gpu.memory_bytes - gpu.context_bytes) * (1 - FRAGMENTATION))
     transient = max(head, mp.layer_bwd_transient_bytes, opt_transient)
-    return MemoryBreakdown(w, g, o, acts + unsharded, transient, buffers, int(peak), capacity, peak <= capacity)
+    return MemoryBreakdown(w, g, o, acts, unsharded, transient, buffers, int(peak), capacity, peak <= capacity)
 
 
 def _fsdp_in_backward(stage: StageWork, par: ParallelConfig, st: SettingSpec, mp: MemoryProfile, fixed: int, g: int,

@@ -5,12 +5,20 @@ schedule -> prediction."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections import defaultdict
 from dataclasses import asdict, replace
 from typing import Any, cast
 
 import numpy as np
-from tp_query.schema.model_config import VALIDATED_MODEL_TYPES, ArchFamily, config_notes, family_label
+from tp_query.schema.model_config import (
+    VALIDATED_MODEL_TYPES,
+    ArchFamily,
+    config_notes,
+    family_label,
+    with_depth_defaults,
+)
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import TensorSpec
 
@@ -86,20 +94,25 @@ class Assembled(StepSchedule):
             cover = f"measured tables cover {', '.join(map(str, have))} ranks" if have else "no measured collectives"
             spans = par.gpus > self.eng.comm.gpus_per_node
             self.warnings.append(f"{sources.get('comm-model', 0):.0%} of the time is communication from the ring "
-                                 f"model, not measured ({cover}; other counts inside a node scale the nearest "
-                                 "table's ring"
+                                 f"model, not measured ({cover}, all-reduces up to "
+                                 f"{self.eng.comm.largest_bytes('all_reduce') / 1e9:.1f} GB, a larger message at the "
+                                 "largest one's bandwidth; other counts inside a node scale the nearest table's ring"
                                  + (f"; across nodes, {self.eng.comm.network[0] / 1e9:.0f} GB/s per NIC, one NIC "
                                     "per GPU, a group crossing through as many NICs as it has ranks on a node, "
                                     "without NVLink SHARP or in-network reduction" if spans else "")
                                  + f"; {self.eng.comm.gpus_per_node} GPUs per node"
                                  + (f" from system {self.eng.system.name!r})" if self.eng.system else ")"))
         sysspec = self.eng.system
-        if sysspec is not None and self.eng.comm.table and par.gpus > 1 and \
-                abs(sysspec.nvlink_bytes_per_s / self.eng.gpu.nvlink_bytes_per_s - 1) > 0.05:
-            self.warnings.append(f"collectives inside a node come from the NCCL tables measured on {self.eng.gpu.name} "
-                                 f"hosts ({self.eng.gpu.nvlink_bytes_per_s / 1e9:.0f} GB/s NVLink), not from system "
-                                 f"{sysspec.name!r}'s {sysspec.nvlink_bytes_per_s / 1e9:.0f} GB/s; its figures price "
-                                 "what the tables do not cover (more ranks, the network)")
+        if sysspec is not None and self.eng.comm.table and par.gpus > 1 and (
+                abs(sysspec.nvlink_bytes_per_s / self.eng.gpu.nvlink_bytes_per_s - 1) > 0.05
+                or abs(sysspec.nvlink_latency_s / self.eng.gpu.nvlink_latency_s - 1) > 0.05):
+            # the measured tables price NVLink: other rank counts scale their ring, and a group spanning nodes
+            # takes their bus bandwidth inside each node; the system's NVLink figures only stand in without tables
+            self.warnings.append(f"system {sysspec.name!r}'s NVLink ({sysspec.nvlink_bytes_per_s / 1e9:.0f} GB/s, "
+                                 f"{sysspec.nvlink_latency_s * 1e6:g} us) is not used: collectives inside a node come "
+                                 f"from the NCCL tables measured on {self.eng.gpu.name} hosts (other rank counts "
+                                 "scale their ring; across nodes their bus bandwidth is the node's side), and the "
+                                 "system's network figures price the NICs")
         # a user's single answer states the step's range over the measured host instances where it spans more
         # than 5% (a planner's loop does not pay for those evaluations)
         spread = self._host_instances_ms(host) if host_range and self.fw.machine is None else None
@@ -109,6 +122,13 @@ class Assembled(StepSchedule):
                                  "host cost the median over the instances)")
         host_share = breakdown["host_overhead_ms"] * 1e3 / total_us if total_us else 0.0
         extras = [e.source for e in self.host_extras if e.source != "none"]
+        group = max(par.dp, par.tp) if par.framework == Framework.TORCH else par.dp
+        measured_at = {int(m.group(1)) for src in (*extras, self.interference().source)
+                       for m in re.finditer(r"measured \((\d+) ranks", src)}
+        if measured_at and group > max(measured_at):
+            self.warnings.append(f"the framework's host costs and compute-communication interference were measured "
+                                 f"with {max(measured_at)} ranks and stand for this group of {group} (their growth "
+                                 "with the rank count is not measured)")
         if host_share > 0.3:
             self.warnings.append(f"host-bound: {host_share:.0%} of the step is host overhead"
                                  + (" (DTensor dispatch and framework hooks, measured)" if extras else "")
@@ -159,6 +179,7 @@ class Assembled(StepSchedule):
             iteration_ms=total_us / 1e3, breakdown=breakdown, peak_memory_gib=mem.peak_bytes / 2**30, fits=fits,
             memory={"weights_gib": mem.weights_bytes / 2**30, "grads_gib": mem.grads_bytes / 2**30,
                     "optimizer_gib": mem.optimizer_bytes / 2**30, "activations_gib": mem.activations_bytes / 2**30,
+                    "gathered_gib": mem.gathered_bytes / 2**30,
                     "transient_gib": mem.transient_bytes / 2**30, "buffers_gib": mem.buffers_bytes / 2**30,
                     "capacity_gib": mem.capacity_bytes / 2**30, "margin_gib": mem.margin_bytes / 2**30},
             sources=sources, warnings=self.warnings, config=self._config(self.host_model(host)),
@@ -291,9 +312,15 @@ class Assembled(StepSchedule):
         return graph_parameter_count(whole)
 
     def _dp_measured(self) -> bool:
+        """Whether the gradient collectives come from measured tables: of this rank count, and (Megatron-Core
+        reducing its whole fp32 gradient buffer at once) of a message no larger than the largest measured; PyTorch's
+        25 MB DDP buckets and FSDP2's per-unit reduce-scatters lie inside the tables."""
         par = self.par
         kind = "all_reduce" if par.zero == 0 else "reduce_scatter"
-        return self.eng.comm.estimate(kind, 1e6, par.dp, self._dp_per_node()).source == Source.COMM_MEASURED
+        nbytes = 4.0 * max((st.param_numel for st in self.stages), default=0) \
+            if par.framework == Framework.MEGATRON else 1e6
+        return self.eng.comm.estimate(kind, max(nbytes, 1.0), par.dp, self._dp_per_node()).source == \
+            Source.COMM_MEASURED
 
     def _config(self, host: HostModel) -> dict[str, Any]:
         r, par = self.req, self.par
@@ -336,6 +363,9 @@ class Assembled(StepSchedule):
         if types:
             out["layer_types"] = {t: types.count(t) for t in dict.fromkeys(types)}
             out["sliding_window"] = m.get("sliding_window")
+            if "chunked_attention" in types:  # Llama-4: its chunk, as transformers' config gives it
+                hf = json.loads(m.get("hf_config") or "{}")
+                out["attention_chunk_size"] = with_depth_defaults(hf).get("attention_chunk_size")
         mlps = m.get("mlp_layer_types") or []
         if mlps:
             out["mlp_layer_types"] = {t: mlps.count(t) for t in dict.fromkeys(mlps)}

@@ -74,7 +74,9 @@ def prediction_table(p: Prediction) -> str:
         f"peak memory      {p.peak_memory_gib:10.2f} GiB     {verdict} (usable {m['capacity_gib']:.1f} GiB, "
         f"margin {m['margin_gib']:+.1f} GiB)",
         f"  weights {m['weights_gib']:.2f}  grads {m['grads_gib']:.2f}  optimizer {m['optimizer_gib']:.2f}  "
-        f"activations {m['activations_gib']:.2f}  transient {m['transient_gib']:.2f}  buffers {m['buffers_gib']:.2f}",
+        f"activations {m['activations_gib']:.2f}  "
+        + (f"gathered {m['gathered_gib']:.2f}  " if m.get("gathered_gib") else "")
+        + f"transient {m['transient_gib']:.2f}  buffers {m['buffers_gib']:.2f}",
         "",
         "sources of the time: " + ", ".join(f"{k} {v:.1%}" for k, v in p.sources.items() if v > 0.0005),
     ]
@@ -85,8 +87,11 @@ def prediction_table(p: Prediction) -> str:
     if mg.get("family"):
         parts = [f"{mg['family']} via {mg['builder']}"]
         if mg.get("layer_types"):
+            spans = [f"window {mg.get('sliding_window')}" if "sliding_attention" in mg["layer_types"] else "",
+                     f"chunk {mg.get('attention_chunk_size')}" if "chunked_attention" in mg["layer_types"] else ""]
+            spans = [x for x in spans if x]
             parts.append(", ".join(f"{n} {t.replace('_attention', '')}" for t, n in mg["layer_types"].items())
-                         + f" layers (window {mg.get('sliding_window')})")
+                         + " layers" + (f" ({', '.join(spans)})" if spans else ""))
         if mg.get("mlp_layer_types"):
             parts.append(", ".join(f"{n} {t}" for t, n in mg["mlp_layer_types"].items()) + " MLP layers")
         if mg.get("rope_layers"):

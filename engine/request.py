@@ -76,6 +76,12 @@ def setting_refusal(setting: Setting, par: ParallelConfig) -> str:
     if SETTINGS[setting].fp8_recipe and par.framework == "megatron":
         return ("the fp8 settings model torchao float8 training on PyTorch; Megatron-Core's FP8 needs Transformer "
                 "Engine, which is not modelled")
+    if SETTINGS[setting].master_weights and par.framework == "torch" and par.zero == 0 and par.dp > 1:
+        # DDP would all-reduce the half-precision gradients while the memory model holds fp32 ones: PyTorch's
+        # recipe for fp32 master weights under data parallelism is FSDP2's MixedPrecisionPolicy (validated)
+        return (f"{setting.value} with PyTorch DDP is not modelled (DDP has no fp32 master-weight recipe of its own): "
+                "use --zero 2 or 3 (FSDP2 with MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)), "
+                "--framework megatron, or amp_bf16 / bf16 with DDP")
     if SETTINGS[setting].fp8_recipe and par.tp > 1:
         return (f"{setting.value} is modelled at TP=1 (torchao float8 on plain Linear layers): its tensor-parallel "
                 "styles are not modelled; use --tp 1 with DP/FSDP2 or PP, or a bf16 setting")

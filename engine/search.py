@@ -25,6 +25,7 @@ from .graph import Graph
 from .lookup import Source
 from .parallel import STACK_ZERO_STAGES, ParallelConfig, PlanError
 from .predict import Engine, PredictError, PredictRequest
+from .prediction import HOST_SOURCE
 from .request import OPTIMIZERS, setting_refusal
 
 
@@ -84,8 +85,12 @@ class Outcome:
                 "tokens_per_s": self.tokens_per_s, "peak_memory_gib": self.peak_memory_gib, "fits": self.fits,
                 "reason": self.reason, "job_hours": self.job_hours, "cost": self.cost,
                 **{f"{k}": v for k, v in self.breakdown.items()},
-                **{f"source_{k.value.replace('-', '_')}": self.sources.get(k.value) for k in Source},
+                **{f"source_{k.replace('-', '_')}": self.sources.get(k) for k in SOURCE_KEYS},
                 "warnings": " | ".join(self.warnings) if self.sources else None}
+
+
+# a row's source columns: every lookup source and the host model's share, summing to 1
+SOURCE_KEYS = (*(k.value for k in Source), HOST_SOURCE)
 
 
 @dataclass
@@ -458,6 +463,24 @@ def _megatron_model_args(spec: ModelSpec) -> list[str]:
 _MEGATRON_OPTIMIZER = {"adamw": "adam", "adamw_fused": "adam", "sgd": "sgd"}
 
 
+def launch_refusal(gpus: int, gpus_per_node: int) -> str:
+    """Why torchrun cannot launch this many GPUs as nodes of equal size ("" when it can)."""
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        return (f"{gpus} GPUs are no whole number of {gpus_per_node}-GPU nodes: torchrun starts the same number of "
+                f"processes on every node, so a launch line would start {-(-gpus // gpus_per_node) * gpus_per_node}; "
+                "search a multiple of the node size (or one node's worth at most)")
+    return ""
+
+
+# what each optimizer the prediction priced is under Megatron-Core (megatron/core/optimizer: Transformer Engine's or
+# apex's FusedAdam when installed, else torch's AdamW; torch's SGD with --sgd-momentum, 0.9 by default)
+_MEGATRON_OPTIMIZER_NOTE = {
+    "adamw": "torch's AdamW (multi-tensor), which Megatron-Core takes without Transformer Engine or apex",
+    "adamw_fused": "a fused Adam (Transformer Engine's or apex's FusedAdam, which Megatron-Core takes when installed)",
+    "sgd": "torch's SGD without momentum",
+}
+
+
 def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node: int = 8, *,
                    optimizer: str = "adamw", spec: ModelSpec | None = None) -> str:
     """How to launch a configuration: torchrun flags for a PyTorch-native script (the parallel sizes, precision
@@ -466,6 +489,11 @@ def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node
     p = o.candidate.parallel
     prec = o.candidate.precision.value
     gpus = p.dp * p.tp * p.pp
+    why = launch_refusal(gpus, gpus_per_node)
+    if why:
+        raise SearchError(why)
+    if how == "torchrun" and p.framework != "torch":
+        raise SearchError("a torchrun line launches a PyTorch-native script; this configuration is Megatron-Core's")
     nodes = max(1, -(-gpus // gpus_per_node))
     per_node = min(gpus, gpus_per_node)
     head = (f"# {o.candidate.label()}: {o.iteration_ms:.1f} ms per iteration, {o.peak_memory_gib:.1f} GiB per GPU "
@@ -487,13 +515,18 @@ def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node
             args.append("--num-layers-per-virtual-pipeline-stage "
                         f"{spec.num_layers // (2 * p.pp) if spec else '<layers / (2 x PP)>'}")
         args.append(f"--optimizer {_MEGATRON_OPTIMIZER.get(optimizer, optimizer)}")
+        if optimizer == "sgd":
+            args.append("--sgd-momentum 0")  # as priced: no momentum buffer (Megatron-LM's default is 0.9)
         if spec is not None:
             args += _megatron_model_args(spec)
             if spec.vocab_size % (128 * p.tp):
                 # Megatron-LM pads the vocabulary to a multiple of 128 x TP by default (_vocab_size_with_padding);
                 # the prediction priced the model's own vocabulary, split over TP as Megatron-Core builds it
                 args.append("--make-vocab-size-divisible-by 1")
-        return head + f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py " + \
+        # PyTorch leaves TF32 GEMMs off: fp32 runs so, and tf32 is switched on for cuBLAS by the environment
+        env = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 " if prec == "tf32" else ""
+        note = f"\n# optimizer as priced: {_MEGATRON_OPTIMIZER_NOTE.get(optimizer, optimizer)}"
+        return head + note + f"\n{env}torchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py " + \
             " ".join(a for a in args if a)
     dp_kind = {0: "ddp", 2: "fsdp2 --reshard-after-forward false", 3: "fsdp2"}[p.zero]
     return head + (f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} train.py --config {model} "

@@ -270,22 +270,77 @@ def _bool(name: str, v: Any, default: bool) -> bool:
     return v
 
 
+# transformers 5.17's rotary types (modeling_rope_utils.ROPE_INIT_FUNCTIONS and "default"; a test holds them equal)
+ROPE_TYPES = ("default", "dynamic", "linear", "llama3", "longrope", "proportional", "yarn")
+
+
 def _rope(cfg: dict[str, Any]) -> tuple[float, str]:
-    params = cfg.get("rope_parameters")
-    if isinstance(params, dict):
-        theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        return _nonneg_float("rope_theta", theta), str(params.get("rope_type", params.get("type", "default")))
-    scaling = cfg.get("rope_scaling")
-    rtype = "default"
-    if scaling is not None and not isinstance(scaling, dict):
-        raise ConfigError(f"rope_scaling must be an object or null, got {scaling!r}"[:160])
-    if isinstance(scaling, dict) and "factor" in scaling:
-        f = scaling["factor"]
+    """RoPE's base and type as transformers reads them: rope_scaling, when given, replaces rope_parameters."""
+    for key in ("rope_scaling", "rope_parameters"):
+        if cfg.get(key) is not None and not isinstance(cfg.get(key), dict):
+            raise ConfigError(f"{key} must be an object or null, got {cfg.get(key)!r}"[:160])
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(params, dict):
+        return _nonneg_float("rope_theta", cfg.get("rope_theta", 10000.0)), "default"
+    if "factor" in params:
+        f = params["factor"]
         if isinstance(f, bool) or not isinstance(f, int | float) or not math.isfinite(f) or f <= 0:
             raise ConfigError(f"rope_scaling.factor must be a positive number, got {f!r}"[:160])
-    if isinstance(scaling, dict):
-        rtype = str(scaling.get("rope_type", scaling.get("type", "default")))
-    return _nonneg_float("rope_theta", cfg.get("rope_theta", 10000.0)), rtype
+    rtype = str(params.get("rope_type", params.get("type", "default")))
+    if rtype not in ROPE_TYPES:
+        raise ConfigError(f"rope_type {rtype[:40]!r} is not a type transformers knows ({', '.join(ROPE_TYPES)})")
+    return _nonneg_float("rope_theta", params.get("rope_theta", cfg.get("rope_theta", 10000.0))), rtype
+
+
+def _factor_below_one(cfg: dict[str, Any]) -> bool:
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    f = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) if isinstance(params, dict) else 1.0
+    return isinstance(f, int | float) and not isinstance(f, bool) and f < 1
+
+
+# Which bias keys each model type's transformers 5.17 modules read (modeling_<type>.py: attention_bias on the q, k, v
+# and o projections, mlp_bias on the MLP); the others fix their biases (Qwen2 on q, k and v only; GPT-NeoX's MLP
+# always; Mistral, Mixtral and Phi-3 none). A model type known only to transformers is counted from its graph.
+_ATTENTION_BIAS_TYPES = frozenset({"llama", "qwen3", "qwen3_moe", "gemma2", "gemma3_text", "gpt_neox"})
+_MLP_BIAS_TYPES = frozenset({"llama"})
+
+
+def _biases(cfg: dict[str, Any], model_type: str, neox: bool) -> tuple[bool, bool, bool]:
+    """(q/k/v, output projection, MLP) biases as the model type's module builds them."""
+    if model_type == "qwen2":
+        return True, False, False
+    if model_type == "qwen2_moe":
+        return _bool("qkv_bias", cfg.get("qkv_bias"), True), False, False
+    known = model_type in WINDOW_RULES
+    attn = _bool("attention_bias", cfg.get("attention_bias"), neox) if (
+        model_type in _ATTENTION_BIAS_TYPES or not known) else False
+    mlp = _bool("mlp_bias", cfg.get("mlp_bias"), False) if (model_type in _MLP_BIAS_TYPES or not known) else neox
+    return attn, attn, mlp
+
+
+def unread_bias_keys(cfg: dict[str, Any], model_type: str) -> list[str]:
+    """Bias keys a config states, that its model type's module does not read, with a value other than what the
+    module builds (config_notes names them)."""
+    if model_type not in WINDOW_RULES:
+        return []
+    qkv, o, mlp = _biases(cfg, model_type, model_type == "gpt_neox")
+    asked = {"attention_bias": ((qkv, o), _ATTENTION_BIAS_TYPES), "mlp_bias": ((mlp,), _MLP_BIAS_TYPES),
+             "qkv_bias": ((qkv,), frozenset({"qwen2_moe"}))}
+    return [k for k, (built, types) in asked.items()
+            if isinstance(cfg.get(k), bool) and model_type not in types and any(b != cfg[k] for b in built)]
+
+
+def _padding_idx(pad: Any, vocab: int, family: ArchFamily) -> int | None:
+    """Embedding's padding_idx as nn.Embedding takes it (a negative one counts from the end); one outside the
+    vocabulary is refused, as transformers cannot build the embedding."""
+    if not isinstance(pad, int) or isinstance(pad, bool):
+        return None
+    if not -vocab <= pad < vocab:
+        if family == ArchFamily.TRANSFORMERS:
+            return None  # its own module decides (and the trace says so)
+        raise ConfigError(f"pad_token_id {pad} lies outside the {vocab}-word vocabulary: transformers cannot build "
+                          "its embedding (Padding_idx must be within num_embeddings)")
+    return pad % vocab
 
 
 def identify(cfg: dict[str, Any]) -> tuple[ArchFamily, str]:
@@ -317,7 +372,7 @@ def identify(cfg: dict[str, Any]) -> tuple[ArchFamily, str]:
         # a decoder-only model transformers knows by its model_type (checked when it is built); a config
         # without `architectures` (as a config class's to_dict() writes it) is taken by its model_type
         return ArchFamily.TRANSFORMERS, mt
-    supported = ", ".join(ARCHITECTURES)
+    supported = ", ".join([*ARCHITECTURES, *WRAPPER_ARCHITECTURES])
     raise ConfigError(f"unsupported architecture ({what}); supported: {supported}, or any other decoder-only "
                       "*ForCausalLM of transformers with its model_type; for other models use `tp-query trace`")
 
@@ -457,6 +512,8 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     cfg, _ = with_class_defaults(cfg, model_type, family)
     h = _pos_int("hidden_size", _need(cfg, "hidden_size"))
     heads = _pos_int("num_attention_heads", _need(cfg, "num_attention_heads"))
+    if model_type == "gpt_neox":  # one fused [h, 3h] projection of hidden / heads-sized heads, whatever else is said
+        cfg = {k: v for k, v in cfg.items() if k not in ("num_key_value_heads", "head_dim")}
     kv = _pos_int("num_key_value_heads", _need(cfg, "num_key_value_heads", default=heads))
     if heads % kv:
         raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
@@ -492,9 +549,8 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         chunk = with_depth_defaults(cfg).get("attention_chunk_size")
         if chunk:  # Llama-4: its RoPE layers attend within chunks (a mask), its NoPE layers to everything
             layer_types = tuple(CHUNKED if (not rope_layers or rope_layers[i]) else FULL for i in range(n_layers))
-    qwen2 = model_type in ("qwen2", "qwen2_moe")
     neox = family == ArchFamily.GPT_NEOX
-    bias = _bool("attention_bias", cfg.get("attention_bias"), neox)
+    qkv_bias, o_bias, mlp_bias = _biases(cfg, model_type, neox)
     experts = 0
     top_k = moe_ffn = shared_ffn = 0
     if family == ArchFamily.MIXTRAL:
@@ -518,6 +574,13 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     if ffn is None:
         raise ConfigError("config is missing intermediate_size")
     native = family == ArchFamily.LLAMA and window is None
+    if native and rtype in ("dynamic", "longrope"):
+        raise ConfigError(f"rope_type {rtype!r} recomputes its frequencies from each batch's positions (a max over "
+                          "them and a host sync every forward in transformers), which the native builder does not "
+                          "model; the types modelled for this family: default, linear, llama3, yarn")
+    if family != ArchFamily.TRANSFORMERS and rtype != "default" and _factor_below_one(cfg):
+        raise ConfigError(f"partial_rotary_factor below 1 with rope_type {rtype!r}: transformers' {model_type} cannot "
+                          "build it (its frequencies have the full head size); drop one of them")
     if native and act not in NATIVE_LLAMA_ACTS:
         raise ConfigError(f"hidden_act {act!r} is not modelled for {model_type} (modelled: "
                           f"{', '.join(NATIVE_LLAMA_ACTS)})")
@@ -534,9 +597,7 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         intermediate_size=ffn,
         hidden_act=act,
         norm_eps=_nonneg_float("rms_norm_eps", _need(cfg, "rms_norm_eps", "layer_norm_eps", default=1e-6)),
-        qkv_bias=_bool("qkv_bias", cfg.get("qkv_bias"), True) if model_type == "qwen2_moe" else True if qwen2 else bias,
-        o_bias=False if qwen2 else bias,
-        mlp_bias=False if qwen2 else _bool("mlp_bias", cfg.get("mlp_bias"), neox),
+        qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias,
         tie_word_embeddings=_bool("tie_word_embeddings", cfg.get("tie_word_embeddings"),
                                   _TIED_DEFAULT.get(family, False)),
         max_position_embeddings=_pos_int("max_position_embeddings",
@@ -544,7 +605,7 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         rope_theta=theta, rope_type=rtype,
         sliding_window=window if layer_types else None,
         attention_dropout=_nonneg_float("attention_dropout", cfg.get("attention_dropout", 0.0)),
-        pad_token_id=pad if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < vocab else None,
+        pad_token_id=_padding_idx(pad, vocab, family),
         builder=Builder.NATIVE if native else Builder.HF,
         layer_types=layer_types,
         qk_norm=family in (ArchFamily.QWEN3, ArchFamily.GEMMA3, ArchFamily.QWEN3_MOE),
@@ -720,18 +781,26 @@ def _unwrapped(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
     if mt == "llama4" and isinstance(cfg.get("text_config"), dict):
         # Llama-4 as published is its multimodal wrapper: its language model trains as Llama4ForCausalLM
         return {**cfg["text_config"], "model_type": "llama4_text", "architectures": ["Llama4ForCausalLM"]}, "llama4"
-    if mt == "gemma3" and isinstance(cfg.get("text_config"), dict):
-        # Gemma3ForConditionalGeneration ties its LM head by the wrapper's own tie_word_embeddings (its class
-        # default true), not text_config's: a text_config stating otherwise is refused
+    if mt in _TIED_WRAPPERS and isinstance(cfg.get("text_config"), dict):
+        # Gemma3ForConditionalGeneration and Mistral3ForConditionalGeneration tie their LM head by the wrapper's own
+        # tie_word_embeddings (class default true), not text_config's: a text_config stating otherwise is refused
         text = cfg["text_config"]
         tied = cfg.get("tie_word_embeddings", True)
         if "tie_word_embeddings" in text and text["tie_word_embeddings"] != tied:
-            raise ConfigError(f"gemma3: text_config.tie_word_embeddings {json.dumps(text['tie_word_embeddings'])} "
-                              "but the wrapper's tie_word_embeddings, which Gemma3ForConditionalGeneration follows, "
+            raise ConfigError(f"{mt}: text_config.tie_word_embeddings {json.dumps(text['tie_word_embeddings'])} "
+                              f"but the wrapper's tie_word_embeddings, which {_TIED_WRAPPERS[mt][1]} follows, "
                               f"is {json.dumps(tied)}{'' if 'tie_word_embeddings' in cfg else ' (its class default)'}: "
                               "make them agree")
-        return {**text, "model_type": "gemma3_text", "tie_word_embeddings": tied}, "gemma3"
+        inner = _TIED_WRAPPERS[mt][0] or str(text.get("model_type") or "mistral")
+        out = {k: v for k, v in text.items() if k != "architectures"}
+        return {**out, "model_type": inner, "tie_word_embeddings": tied}, mt
     return cfg, ""
+
+
+# multimodal wrappers read as their language model: the text model type ("" for text_config's own) and the class
+WRAPPER_ARCHITECTURES = ("Llama4ForConditionalGeneration", "Mistral3ForConditionalGeneration")
+_TIED_WRAPPERS = {"gemma3": ("gemma3_text", "Gemma3ForConditionalGeneration"),
+                  "mistral3": ("", "Mistral3ForConditionalGeneration")}
 
 
 def config_notes(cfg: Any) -> list[str]:
@@ -770,6 +839,17 @@ def config_notes(cfg: Any) -> list[str]:
         notes.append("llama4_text: transformers' Llama4TextMoe runs every routed expert on every token (inputs "
                      "repeated per expert, scaled by the router's scores, one batched GEMM): the time, memory and "
                      "hardware FLOPs are that dense run's, not top-k routing's")
+    unread = unread_bias_keys(text, model_type)
+    if unread:
+        notes.append(f"{model_type}: transformers' {model_type} does not read {', '.join(unread)} (its projections' "
+                     "biases are fixed): predicted with the biases it builds")
+    if model_type == "gpt_neox" and any(k in text for k in ("num_key_value_heads", "head_dim")):
+        notes.append("gpt_neox: transformers' GPT-NeoX does not read num_key_value_heads or head_dim (one fused "
+                     "projection, hidden_size / num_attention_heads per head): predicted as it runs")
+    mtp = text.get("num_nextn_predict_layers")
+    if isinstance(mtp, int) and not isinstance(mtp, bool) and mtp > 0:
+        notes.append(f"num_nextn_predict_layers {mtp}: the multi-token-prediction layers are not built by "
+                     f"transformers' {model_type} and are not predicted (nor counted in the parameters)")
     rule = WINDOW_RULES.get(model_type)
     if rule == WindowRule.NEVER and (text.get("sliding_window") is not None or text.get("layer_types") is not None):
         notes.append(f"{model_type}: transformers' {model_type} attends to every token and reads neither "
@@ -788,7 +868,7 @@ def config_notes(cfg: Any) -> list[str]:
 def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
     if not isinstance(cfg, dict):
         raise ConfigError("a model config must be a JSON object")
-    if cfg.get("model_type") == "llama4":
+    if cfg.get("model_type") in ("llama4", "mistral3"):
         cfg, _ = _unwrapped(cfg)
     family, model_type = identify(cfg)
     _check_unmodelled_keys(cfg, family)
@@ -847,7 +927,7 @@ def parameter_count(model: dict[str, Any]) -> int | None:
         moe_ffn, shared = int(model["moe_intermediate_size"]), int(model.get("shared_expert_intermediate_size") or 0)
         mlp = experts * gated * h * moe_ffn + h * experts + (gated * h * shared + h if shared else 0)
     else:
-        mlp = gated * h * ffn + ((ffn + h) if model.get("mlp_bias") else 0)
+        mlp = gated * h * ffn + (((gated - 1) * ffn + h) if model.get("mlp_bias") else 0)  # gate and up, down
     family = model.get("family")
     n_norms = 4 if family in ("gemma2", "gemma3") else 2
     norms = n_norms * h * (2 if layer_norm else 1)  # LayerNorms have biases

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from tp_query.schema.model_config import (
+    ROPE_TYPES,
     WINDOW_RULES,
     ArchFamily,
     ConfigError,
@@ -15,6 +16,7 @@ from tp_query.schema.model_config import (
     config_notes,
     hf_class_defaults,
     parse_config,
+    unread_bias_keys,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,7 +229,7 @@ def test_window_rule_is_what_the_modeling_file_reads(mt: str) -> None:
 
 
 _SIZES = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
-          "vocab_size": 1000, "num_hidden_layers": 6}
+          "vocab_size": 32064, "num_hidden_layers": 6}  # Phi-3's class pads with id 32000
 _WINDOWS = [{"sliding_window": 64}, {"sliding_window": 64, "use_sliding_window": True},
             {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 3},
             {"sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"] * 3}, {}]
@@ -305,3 +307,119 @@ def test_gpt2_keys_that_change_the_model_are_honoured_or_refused() -> None:
     with pytest.raises(ConfigError, match="add_cross_attention"):
         parse_config({"model_type": "gpt2", "add_cross_attention": True})
     assert parse_config({"model_type": "gpt2", "add_cross_attention": False}).num_layers == 12
+
+
+_BIAS_SIZES = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+               "vocab_size": 32064, "num_hidden_layers": 2}  # Phi-3's class pads with id 32000
+
+
+@pytest.mark.skipif(not SAME_VERSION, reason="the rules were read from another transformers version")
+@pytest.mark.parametrize("mt", ["llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
+                                "gemma2", "gemma3_text", "gpt_neox"])
+@pytest.mark.parametrize("keys", [{}, {"attention_bias": True}, {"mlp_bias": True},
+                                  {"attention_bias": False, "mlp_bias": False}, {"qkv_bias": False},
+                                  {"num_key_value_heads": 1, "head_dim": 8}])
+def test_parameters_are_those_transformers_builds(mt: str, keys: dict[str, object]) -> None:
+    """Bias keys (and GPT-NeoX's head keys) count only where the model type's module reads them: Mistral with
+    attention_bias true was priced with biases its module does not build, GPT-NeoX with GQA it does not have."""
+    import torch
+
+    cfg = {"model_type": mt, **_BIAS_SIZES, **keys}
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        cfg.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64)
+    if mt == "mixtral":
+        cfg.update(num_local_experts=4, num_experts_per_tok=2)
+    if mt in ("gemma2", "gemma3_text"):
+        cfg.update(sliding_window=16)
+    spec = parse_config(dict(cfg))
+    hf_cfg = transformers.AutoConfig.for_model(**cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    assert spec.param_count() == sum(p.numel() for p in model.parameters())
+    unread = [k for k in ("attention_bias", "mlp_bias", "qkv_bias") if k in keys]
+    noted = any("does not read" in n and "biases" in n for n in config_notes(cfg))
+    assert noted == (any(k in unread_bias_keys(cfg, mt) for k in unread))
+
+
+def test_rope_types_are_transformers_own() -> None:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    assert set(ROPE_TYPES) == {"default", *ROPE_INIT_FUNCTIONS}
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "host sync"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "host sync"),
+    ({"rope_scaling": {"rope_type": "bogus"}}, "not a type transformers knows"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "partial_rotary_factor": 0.5}, "cannot build"),
+    ({"pad_token_id": 128256}, "outside the 128256-word vocabulary"),
+])
+def test_native_rope_and_padding_as_transformers_builds_them(change: dict[str, object], said: str) -> None:
+    """What transformers' Llama cannot build, or runs with host work the native copy lacks, is refused (each was
+    predicted as the default rotary embedding); rope_scaling replaces rope_parameters, and a negative pad counts
+    from the end, as nn.Embedding takes it."""
+    base = json.loads((ROOT / "examples" / "llama3.1-8b.json").read_text())
+    with pytest.raises(ConfigError, match=said):
+        parse_config({**base, **change})
+    both = {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    obj = transformers.AutoConfig.for_model(**{k: v for k, v in both.items() if k != "architectures"})
+    assert parse_config(both).rope_type == obj.rope_parameters["rope_type"] == "linear"
+    assert parse_config({**base, "pad_token_id": -1}).pad_token_id == base["vocab_size"] - 1
+
+
+def test_sizes_left_to_the_class_divide_under_tp() -> None:
+    """The Hub's Gemma-3 text_config leaves out vocab_size and the head counts: under TP each rank was built with
+    the whole vocabulary and every head (Gemma-3-4B at TP=4: 77% more peak memory than the same sizes written
+    out). A rank's config now matches the one the fully stated file gives."""
+    pytest.importorskip("torch")
+    from tp_query.engine.trace.hf_models import hf_config_for
+    from tp_query.engine.trace.models import Shard
+
+    hub = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+           "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                           "num_hidden_layers": 34, "sliding_window": 1024}}
+    stated = json.loads((ROOT / "examples" / "gemma3-4b.json").read_text())
+    keys = ("vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
+    for tp in (2, 4):
+        a, b = (hf_config_for(parse_config(c).with_layers(2), Shard(tp=tp)) for c in (hub, stated))
+        assert {k: getattr(a, k) for k in keys} == {k: getattr(b, k) for k in keys}
+        assert a.vocab_size == 262208 // tp
+
+
+def test_mistral3_wrapper_reads_its_language_model() -> None:
+    """Mistral-Small-3.1 as published is Mistral3ForConditionalGeneration (it was refused as unsupported): its
+    language model is predicted, with the wrapper's tie, and counts what transformers builds without the vision
+    tower."""
+    import torch
+
+    text = {"head_dim": 32, "hidden_size": 256, "intermediate_size": 512, "model_type": "mistral",
+            "num_attention_heads": 8, "num_hidden_layers": 2, "num_key_value_heads": 2, "sliding_window": None,
+            "vocab_size": 4096}
+    hub = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "text_config": text,
+           "vision_config": {"model_type": "pixtral", "hidden_size": 64, "intermediate_size": 128,
+                             "num_attention_heads": 2, "num_hidden_layers": 1, "head_dim": 32}}
+    spec = parse_config(hub)
+    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in hub.items() if k != "architectures"})
+    with torch.device("meta"):
+        model = transformers.Mistral3ForConditionalGeneration(cfg)
+    language = sum(p.numel() for n, p in model.named_parameters() if "vision" not in n and "projector" not in n)
+    assert spec.model_type == "mistral" and spec.param_count() == language
+    assert any("vision tower" in n for n in config_notes(hub))
+    with pytest.raises(ConfigError, match="Mistral3ForConditionalGeneration follows"):
+        parse_config({**hub, "text_config": {**text, "tie_word_embeddings": False}})
+
+
+def test_layers_transformers_derives_are_refused_for_what_they_are() -> None:
+    """Qwen3-Next derives linear-attention layers itself: the refusal says so (it asked for a layer_types list,
+    and a config with one was then refused for the layer kind); multi-token-prediction layers are named."""
+    from tp_query.engine.trace.hf_models import check_layer_kinds
+
+    cfg = {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 256,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4, "intermediate_size": 512,
+           "vocab_size": 1000, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+           "shared_expert_intermediate_size": 64}
+    with pytest.raises(ConfigError, match="layers of kind linear_attention"):
+        check_layer_kinds(parse_config(cfg))
+    notes = config_notes({"model_type": "deepseek_v3", "num_hidden_layers": 4, "num_nextn_predict_layers": 1})
+    assert any("multi-token-prediction" in n for n in notes)

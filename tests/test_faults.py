@@ -158,6 +158,7 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("pp_beyond_layers", lambda f: _predict(f, "llama", "--pp", "1000")),
     ("pp_fewer_micro_batches", lambda f: _predict(f, "llama", "--pp", "2")),  # Schedule1F1B refuses it
     ("torch_zero1", lambda f: _predict(f, "llama", "--dp", "2", "--zero", "1")),  # no such PyTorch stack
+    ("torch_ddp_master_weights", lambda f: _predict(f, "llama", "--dp", "2", "--precision", "mp_bf16")),
     # output files refused before any work (each was a raw exception after it, or a folder made silently)
     ("plot_out_folder", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o", str(f["llama"].parent)]),
     ("plot_out_missing_folder", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o",

@@ -337,7 +337,14 @@ def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Pa
     best = shown["ranked"][0]
     r = run_cli(*base, "--output", str(tmp_path / "all.csv"), "--emit", "torchrun")
     assert r.returncode == 0 and f"--dp {best['dp']} --tp {best['tp']} --pp {best['pp']}" in r.stdout
-    assert pacsv.read_csv(tmp_path / "all.csv").num_rows == t.num_rows
+    written = pacsv.read_csv(tmp_path / "all.csv")
+    assert written.num_rows == t.num_rows
+    # every fitting row says where its time comes from, the host model's share included (sums to 1)
+    cols = [c for c in written.column_names if c.startswith("source_")]
+    assert "source_host_model" in cols
+    for row in written.to_pylist():
+        if row["fits"]:
+            assert abs(sum(row[c] or 0.0 for c in cols) - 1.0) < 1e-9, row
     mcore = [*base, "--framework", "megatron", "--precision", "mp_bf16"]  # Megatron-LM's launch: its own ranking
     r = run_cli(*mcore, "--json")
     assert r.returncode == 0, r.stderr
@@ -347,6 +354,8 @@ def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Pa
     assert f"--tensor-model-parallel-size {best['tp']} " in r.stdout and "pretrain_gpt.py" in r.stdout
     assert "--global-batch-size 8" in r.stdout and "--bf16" in r.stdout
     # everything the prediction assumed is on the line: the optimizer and the model's shape
+    assert "--optimizer sgd --sgd-momentum 0" in r.stdout  # as priced: Megatron-LM's own default is 0.9
+    assert "# optimizer as priced: torch's SGD without momentum" in r.stdout
     assert "--optimizer sgd" in r.stdout and f"--num-layers {TINY_LLAMA['num_hidden_layers']} " in r.stdout
     assert f"--hidden-size {TINY_LLAMA['hidden_size']} " in r.stdout and "--swiglu" in r.stdout
     # Megatron-LM pads the vocabulary to 128 x TP unless told otherwise; the prediction priced the model's own
@@ -360,6 +369,15 @@ def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Pa
     assert r.returncode == 0 and "--optimizer sgd" in r.stdout, r.stderr
     r = run_cli(*base, "--output", str(tmp_path / "x.xlsx"))
     assert r.returncode == 2 and "--output must end in .parquet or .csv" in r.stderr
+    # a line that would launch another stack or another world size is refused, before the search
+    r = run_cli(*mcore, "--emit", "torchrun")
+    assert r.returncode == 2 and "--emit megatron" in r.stderr, r.stderr
+    r = run_cli("search", str(tiny_llama_file), "--gpus", "12", "--global-batch", "24", *base[6:], "--emit", "torchrun")
+    assert r.returncode == 2 and "no whole number of 8-GPU nodes" in r.stderr, r.stderr
+    r = run_cli(*[a if a != "mp_bf16" else "tf32" for a in mcore], "--emit", "megatron")
+    assert r.returncode == 0 and "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 torchrun" in r.stdout, r.stderr
+    r = run_cli(*[a if a != "mp_bf16" else "fp32" for a in mcore], "--emit", "megatron")
+    assert r.returncode == 0 and "TF32" not in r.stdout, r.stderr
 
 
 def test_system_files_set_the_cluster(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
@@ -383,6 +401,36 @@ def test_system_files_set_the_cluster(cpu_db: Path, tiny_llama_file: Path, tmp_p
     bad.write_text('gpu = "cpu"\ngpus_per_node = 1\nnvlink_gbytes_per_s = -5\n')
     r = run_cli(*base, "--system", str(bad))
     assert r.returncode == 2 and "nvlink_gbytes_per_s" in r.stderr
+
+
+def test_a_system_files_nvlink_is_said_unused_where_measured_tables_price_it(tiny_llama_file: Path,
+                                                                              tmp_path: Path) -> None:
+    """The shipped database's NCCL tables price collectives inside a node: a system file's NVLink latency (or
+    bandwidth) changed nothing and was not said to; the answer now says its NVLink figures are not used."""
+    slow = tmp_path / "slow-nvlink.toml"
+    slow.write_text('gpu = "h200"\ngpus_per_node = 8\nnvlink_gbytes_per_s = 450\nnvlink_latency_us = 5000\n'
+                    'network_gbytes_per_s = 50\nnetwork_latency_us = 15\n')
+    base = ["predict", str(tiny_llama_file), "--seq-len", "64", "--dp", "2", "--json"]
+    r = run_cli(*base, "--system", str(slow))
+    assert r.returncode == 0, r.stderr
+    warned = json.loads(r.stdout)["warnings"]
+    assert any("NVLink (450 GB/s, 5000 us) is not used" in w for w in warned), warned
+    plain = json.loads(run_cli(*base).stdout)
+    assert not any("is not used" in w for w in plain["warnings"])
+    # host costs measured with 2 ranks standing for 8 are said to
+    assert not any("ranks and stand for" in w for w in plain["warnings"])
+    eight = json.loads(run_cli(*[a if a != "2" else "8" for a in base]).stdout)
+    assert any("measured with 2 ranks and stand for this group of 8" in w for w in eight["warnings"])
+
+
+def test_fsdp2_gathered_parameters_are_their_own_memory_line(cpu_db: Path, tiny_llama_file: Path) -> None:
+    """FSDP2's unsharded parameters were reported as activations (ZeRO-2: twice DDP's activations)."""
+    base = ["predict", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db), "--seq-len", "64", "--dp", "2",
+            "--json"]
+    ddp = json.loads(run_cli(*base).stdout)["memory"]
+    z2 = json.loads(run_cli(*base, "--zero", "2").stdout)["memory"]
+    assert ddp["gathered_gib"] == 0 and z2["gathered_gib"] > 0
+    assert z2["activations_gib"] == pytest.approx(ddp["activations_gib"], rel=1e-9)
 
 
 def test_a_search_whose_worker_cannot_start_evaluates_everything_itself(cpu_db: Path, tmp_path: Path,

@@ -180,6 +180,13 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
             hd = getattr(whole, "head_dim", None) or (whole.hidden_size // heads if heads else None)
             if hd:
                 cfg["head_dim"] = int(hd)
+        # a size the file leaves to its class is the class default on every rank unless stated: stated here, so it
+        # divides (the Hub's Gemma-3 text_config leaves out vocab_size, and on 4B the head counts)
+        whole = _config_object(dict(cfg))
+        for k in _TP_KEYS:
+            v = getattr(whole, k, None)
+            if cfg.get(k) is None and isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                cfg[k] = v
         for k in _TP_KEYS:
             if cfg.get(k):
                 if cfg[k] % shard.tp:
@@ -262,15 +269,18 @@ def check_layer_kinds(spec: ModelSpec) -> None:
     layer_types: what the spec assumed (every layer, where a window is given) must be what transformers builds."""
     if spec.family != ArchFamily.TRANSFORMERS:
         return
-    # chunked attention (Llama-4) is SDPA with a mask, as sliding windows are
-    other = [k for k in dict.fromkeys(spec.layer_types)
-             if k not in ("full_attention", "sliding_attention", "chunked_attention")]
-    if other:
-        raise ConfigError(f"{spec.model_type}: layers of kind {', '.join(other)} (recurrent or linear attention, "
-                          f"whose kernels come from optional packages) are not modelled")
     cfg = json.loads(spec.hf_config)
     cfg["num_hidden_layers"] = spec.num_layers
     obj = _config_object(cfg)
+    # chunked attention (Llama-4) is SDPA with a mask, as sliding windows are; other kinds (recurrent, linear or
+    # hybrid layers), whether the config lists them or transformers derives them, are refused for that reason
+    own_types = getattr(obj, "layer_types", None) if "layer_types" not in cfg else None
+    listed = [*spec.layer_types, *(own_types if isinstance(own_types, list | tuple) else ())]
+    other = [k for k in dict.fromkeys(map(str, listed))
+             if k not in ("full_attention", "sliding_attention", "chunked_attention")]
+    if other:
+        raise ConfigError(f"{spec.model_type}: layers of kind {', '.join(other)} (recurrent, linear or hybrid "
+                          "attention: their kernels and state are not profiled here) are not modelled")
     # which layers are dense or sparse and which apply RoPE, by the model type's own defaults too
     own_dict = obj.to_dict()
     try:
