@@ -128,4 +128,6 @@ def prediction_frame(p: Prediction) -> Any:
     """One prediction's per-operator rows as a Polars frame (predict(..., with_ops=True))."""
     import polars as pl
 
+    if not p.ops:  # an empty frame would read as a step of no operators
+        raise PredictError("this prediction carries no operator rows: call predict(..., with_ops=True)")
     return pl.DataFrame([r.__dict__ for r in p.ops])

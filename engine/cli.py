@@ -287,21 +287,25 @@ def ops(
         with _Status("predicting (a new model or split is traced first: seconds)"):
             p = Engine(req.gpu, req.db_root, torch_version=req.torch_version).predict(req, with_ops=by != "layer",
                                                                                      host_range=True)
-        if by == "layer":
+        if by == "layer":  # --top keeps the largest sections, as it keeps the slowest rows
             from tp_query.engine.report import sections_table
 
-            typer.echo(json.dumps(p.sections, indent=1, default=float) if as_json else sections_table(p))
+            cut = 0 < top < len(p.sections)
+            largest = sorted(p.sections, key=lambda r: -r["total_ms"])[:top] if cut else p.sections
+            typer.echo(json.dumps(largest, indent=1, default=float) if as_json else sections_table(p, top if cut else 0))
             return
         if by != "op":
             from tp_query.engine.report import rollup
 
             groups = rollup(p.ops, by)
+            total = sum(g["total_ms"] for g in groups) or 1.0  # shares of every group's time
+            if 0 < top < len(groups):
+                groups = sorted(groups, key=lambda g: -g["total_ms"])[:top]
             if as_json:
                 typer.echo(json.dumps(groups, indent=1, default=float))
             else:
                 from tp_query.engine.report import text_table
 
-                total = sum(g["total_ms"] for g in groups) or 1.0
                 typer.echo(text_table([by, "calls", "total ms", "share"],
                                       [[g[by], f"{g['calls']:.4g}", f"{g['total_ms']:.3f}",
                                         f"{100 * g['total_ms'] / total:.1f}%"] for g in groups], right={1, 2, 3}))
@@ -360,6 +364,14 @@ def sql(
     _guard(go)
 
 
+def _shown_path(p: str | Path) -> str:
+    """A path as a report names it: relative to the working folder where it lies inside it."""
+    try:
+        return f"{Path(p).resolve().relative_to(Path.cwd().resolve()).as_posix()}/"
+    except ValueError:
+        return f"{str(p).rstrip('/')}/"
+
+
 def _bound_address_space() -> None:
     """`tp-query sql` runs one query in its own process: its address space is bounded to what it holds now plus
     DuckDB's memory limit and the result's bound (and headroom), so an allocation DuckDB does not count (a 2 GB
@@ -393,7 +405,13 @@ def db_verify(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
         d = Database(gpu, db)
         n = sum(len(v) for v in d.tables.values())
         shipped = check(gpu, db)
-        typer.echo(f"ok: {n} files of {d.base} match the manifest; provenance, keys and values checked; {shipped}")
+        cal = " and calibration.json" if not d.remote and (Path(d.base) / "calibration.json").is_file() else ""
+        if cal:  # its constants within their bounds, as a prediction reads them (refused there otherwise)
+            from tp_query.engine.hostsim import HostModel
+
+            HostModel.load(Path(d.base) / "calibration.json")
+        typer.echo(f"ok: {n} Parquet files{cal} of {d.base} match the manifest; provenance, schemas, keys and "
+                   f"values checked; {shipped}")
 
     _guard(go)
 
@@ -405,7 +423,12 @@ def db_path(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
 
     def go() -> None:
         root = db or default_root()
-        typer.echo(f"{str(root).rstrip('/')}/{gpu}")
+        where = f"{str(root).rstrip('/')}/{gpu}"
+        if not str(root).startswith(("s3://", "http://", "https://")) and not (Path(where) / "ops").is_dir():
+            from tp_query.engine.db import missing_database
+
+            raise UserError(missing_database(str(root), gpu))
+        typer.echo(where)
 
     _guard(go)
 
@@ -413,6 +436,8 @@ def db_path(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
 @db_app.command("manifest")
 def db_manifest(
     adopt: Annotated[bool, typer.Option("--adopt", help="record every file as it is now (trusts them)")] = False,
+    force: Annotated[bool, typer.Option("--force", help="with --adopt: replace a manifest the files no longer "
+                                                        "match")] = False,
     gpu: GpuOpt = "h200",
     root: Annotated[Path | None, typer.Option("--root", help="the databases' folder (default: see db path)")] = None,
 ) -> None:
@@ -424,6 +449,16 @@ def db_manifest(
         base = Path(root or default_root()) / gpu
         if not base.is_dir():
             raise UserError(f"no database folder {base}")
+        if force and not adopt:
+            raise UserError("--force applies to --adopt")
+        if adopt and (base / manifest.MANIFEST_NAME).is_file() and not force:
+            # a manifest the files no longer match is what `db verify` refuses: re-recording it would trust them
+            try:
+                manifest.verify(base, gpu)
+            except manifest.ManifestError as err:
+                raise UserError(f"{base} has a manifest the files no longer match ({err}); --adopt --force records "
+                                "them as they are now, trusting them") from None
+            raise UserError(f"{base} has a manifest and every file matches it: nothing to adopt")
         if adopt:
             typer.echo(f"recorded {manifest.adopt(base, gpu)} files in {base / manifest.MANIFEST_NAME}")
         else:
@@ -675,7 +710,7 @@ def plot(
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="breakdown: sequences per iteration "
                                                      "(default DP x micro-batch; with PP, that x PP)")] = None,
     pp_schedule: Annotated[str | None, typer.Option("--pp-schedule", help="breakdown: 1f1b | gpipe | "
-                                                    "interleaved1f1b")] = None,
+                                                    "interleaved")] = None,
     precision: Annotated[list[str] | None, typer.Option(help="settings to compare (default every setting; a "
                                                              "graph file: its own)")] = None,
     kind: Annotated[str | None, typer.Option(help="latency: operator kind (mm, elementwise, attn_cudnn_fwd, ...; "
@@ -786,11 +821,13 @@ def report(
         import dataclasses
 
         from tp_query.engine import plot
+        from tp_query.engine.db import default_root
         from tp_query.engine.predict import Engine
         from tp_query.engine.validation import Study, load_rows, report_markdown, summary
 
         if calibration_out is not None and not fit:
             raise UserError("--calibration-out writes the fitted host model: it needs --fit (the default)")
+        _check_output(out, "--out", (".md",))  # its .json and -scatter.svg are written beside it
         eng = Engine(gpu, db)
         rows = load_rows(validation, eng.gpu.name)
         if not rows:
@@ -820,7 +857,9 @@ def report(
         plot_path = out.with_name(out.stem + "-scatter.svg")
         plot.write(svg, plot_path)
         prov = eng.db.info().provenance
-        out.write_text(report_markdown(study.cases, host, summ, plot_path.name, prov, eng.framework.instances()))
+        out.write_text(report_markdown(study.cases, host, summ, plot_path.name, prov, eng.framework.instances(),
+                                       fitted=fit, validation_dir=f"{validation.as_posix().rstrip('/')}/",
+                                       database_dir=_shown_path(Path(db or default_root()) / gpu)))
         out.with_suffix(".json").write_text(json.dumps(
             {"summary": summ, "host_model": dataclasses.asdict(host),
              "cases": [{**dataclasses.asdict(c), "ape": c.ape} for c in study.cases]}, indent=1, default=str))

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from tp_query.schema import manifest
 from tp_query.schema.gpus import GPUS
 from tp_query.schema.messages import first_line
-from tp_query.schema.tables import METADATA_KEY, SCHEMA_VERSION
+from tp_query.schema.tables import METADATA_KEY, SCHEMA_VERSION, schema_refusal
 
 from .dbcache import DB_ENV, DatabaseError, default_root  # noqa: F401 - part of this module's interface
 
@@ -39,6 +39,14 @@ def available_gpus(root: Path) -> list[str]:
     if str(root).startswith(("s3://", "http://", "https://")):
         return sorted(GPUS)
     return sorted(p.name for p in root.iterdir() if (p / "ops").is_dir()) if root.is_dir() else []
+
+
+# What one measurement of each non-operator table is (its rows per measurement: one)
+NATURAL_KEYS: dict[str, tuple[str, ...]] = {
+    "comm": ("collective", "bytes", "ranks", "dtype", "link", "torch", "cuda"),
+    "overlap": ("compute", "compute_dtype", "collective", "bytes", "ranks", "torch", "cuda"),
+    "framework": ("framework", "kind", "setting", "phase", "quantity", "ranks", "machine", "torch", "cuda"),
+}
 
 
 def missing_database(root: str, gpu: str) -> str:
@@ -63,13 +71,18 @@ class DbInfo:
     by_kind: list[tuple[str, str, str, int]]
 
 
-def _check_files(files: list[str], gpu: str) -> None:
-    """Each file is readable Parquet written for this GPU by a schema this engine reads."""
+def _check_files(files: list[str], gpu: str, table: str) -> None:
+    """Each file is readable Parquet written for this GPU by a schema this engine reads, with its table's columns
+    (a missing column would be read as null for every row: a status filtered away, a stack unknown)."""
     for f in files:
         try:
-            md = pq.read_metadata(f).metadata or {}
+            pf = pq.ParquetFile(f)
+            md = pf.metadata.metadata or {}
+            why = schema_refusal(table, pf.schema_arrow)
         except Exception as e:
             raise DatabaseError(f"corrupt Parquet file {f}: {first_line(e)}") from None
+        if why:
+            raise DatabaseError(f"{f}: not a {table} file of this schema: {why}")
         if METADATA_KEY not in md:
             raise DatabaseError(f"{f}: no tp-query provenance (a foreign file)")
         try:
@@ -137,8 +150,8 @@ class Database:
             if not self.tables.get("ops"):
                 raise DatabaseError(f"the database for {gpu!r} has no Parquet files under {base_p / 'ops'}")
             if validate:
-                for fs in self.tables.values():
-                    _check_files(fs, gpu)
+                for table, fs in self.tables.items():
+                    _check_files(fs, gpu, table)
             base = str(base_p)
         self.files = self.tables["ops"]
         self.base = base
@@ -266,13 +279,34 @@ class Database:
         return match[0]  # the most rows, then the newest CUDA and cuDNN
 
     def _check_keys(self) -> None:
-        """One row per (key, run) within a software stack: a duplicate means a file was copied in or a
-        campaign misbehaved."""
+        """One row per measurement: per (key, run) within a software stack for the operators, per natural key for
+        the other tables. A duplicate means a file was copied in or a campaign misbehaved; its rows would be
+        blended into one median."""
         row = self.con.execute("SELECT key, run, torch, count(*) FROM ops GROUP BY key, run, torch, cuda, cudnn "
                                "HAVING count(*) > 1 LIMIT 1").fetchone()
         if row:
             raise DatabaseError(f"duplicate measurements of one operator call (key {row[0]}, run {row[1]}, "
                                 f"torch {row[2]}, {row[3]} rows) in {self.base}/ops")
+        for table, cols in NATURAL_KEYS.items():
+            if table not in self.tables:
+                continue
+            have = {c.lower() for c in self.con.table(table).columns}
+            key = ", ".join(f'"{c}"' for c in cols if c in have)
+            try:
+                row = self.con.execute(f"SELECT {key}, count(*) FROM {table} WHERE status = 'ok' GROUP BY ALL "
+                                       "HAVING count(*) > 1 LIMIT 1").fetchone()
+            except duckdb.Error as e:
+                raise DatabaseError(f"the {table} table of {self.base} cannot be read (a damaged file): "
+                                    f"{first_line(e)}") from None
+            if row:
+                raise DatabaseError(f"{self.base}/{table}: {row[-1]} rows of one measurement "
+                                    f"({', '.join(map(str, row[:-1]))[:160]}): a file copied in, or a campaign run "
+                                    "twice")
+        if "comm" in self.tables:
+            links = [r[0] for r in self.con.execute("SELECT DISTINCT link FROM comm ORDER BY 1").fetchall()]
+            if len(links) > 1:  # one node's link per database: another link's tables would be blended in
+                raise DatabaseError(f"{self.base}/comm: collectives measured over {' and '.join(map(str, links))} "
+                                    "(one link per database: a file of another machine copied in?)")
 
     def _check_values(self) -> None:
         """Every measured number finite, and every latency positive and below MAX_LATENCY_US: a zero, negative,
@@ -284,7 +318,8 @@ class Database:
             for col, typ in zip(rel.columns, rel.types, strict=True):
                 if str(typ) not in ("DOUBLE", "FLOAT"):
                     continue
-                latency = col.lower() in ("latency_us", "latency_warm_us")
+                # latencies, and the overlap campaign's times alone (their ratios' denominators)
+                latency = col.lower() in ("latency_us", "latency_warm_us", "compute_alone_us", "comm_alone_us")
                 bad = f'NOT (isfinite("{col}") AND "{col}" > 0 AND "{col}" < ?)' if latency else \
                     f'NOT isfinite("{col}")'
                 row = self.con.execute(f'SELECT "{col}" FROM {table} WHERE {ok}"{col}" IS NOT NULL AND {bad} LIMIT 1',

@@ -254,6 +254,12 @@ class Assembled(StepSchedule):
             each = ((f or 0.0) + (b or 0.0)) / 1e3
             rows.append({"section": name, "count": n, "fwd_ms": (f or 0.0) / 1e3, "bwd_ms": (b or 0.0) / 1e3,
                          "each_ms": each, "total_ms": each * n * m})
+        # the backward's other GPU work, as the breakdown counts it: accumulating each later micro-batch's
+        # gradients, and the DDP/FSDP hooks' kernels
+        rest = ((m - 1) * times.get("accum_us", 0.0) + times.get("ddp_us", 0.0)) / 1e3
+        if rest > 0:
+            rows.append({"section": "gradient accumulation and data-parallel hooks", "count": 1, "fwd_ms": 0.0,
+                         "bwd_ms": rest, "each_ms": rest, "total_ms": rest})
         rows.append({"section": "optimizer step", "count": 1, "fwd_ms": 0.0, "bwd_ms": 0.0,
                      "each_ms": times["opt_gpu_us"] / 1e3, "total_ms": times["opt_gpu_us"] / 1e3})
         return rows

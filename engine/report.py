@@ -112,11 +112,13 @@ def ops_table(rows: list[OpRow], p: Prediction) -> str:
             + f"\n({len(rows)} rows; iteration {p.iteration_ms:.2f} ms)")
 
 
-def sections_table(p: Prediction) -> str:
-    """GPU time by section of the slowest stage: the per-layer roll-up DeepSpeed's profiler gives."""
+def sections_table(p: Prediction, top: int = 0) -> str:
+    """GPU time by section of the slowest stage: the per-layer roll-up DeepSpeed's profiler gives (the `top`
+    largest when given, their shares of every section's)."""
     total = sum(r["total_ms"] for r in p.sections) or 1.0
+    rows = sorted(p.sections, key=lambda r: -r["total_ms"])[:top] if top else p.sections
     body = [[r["section"], r["count"], f"{r['fwd_ms']:.3f}", f"{r['bwd_ms']:.3f}", f"{r['each_ms']:.3f}",
-             f"{r['total_ms']:.3f}", f"{100 * r['total_ms'] / total:.1f}%"] for r in p.sections]
+             f"{r['total_ms']:.3f}", f"{100 * r['total_ms'] / total:.1f}%"] for r in rows]
     return (text_table(["section", "copies", "fwd ms", "bwd ms", "each ms", "total ms", "share"], body,
                        right={1, 2, 3, 4, 5, 6})
             + f"\n(GPU time per iteration, {p.config['micro_batches']} micro-batch(es); host idle "

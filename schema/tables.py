@@ -155,5 +155,31 @@ FRAMEWORK_SCHEMA = pa.schema(
 )
 
 
+# Each database table's schema (its folder's name), and the columns added after schema version 1 that files
+# written before them lack (read as null: the op rows' attention mask and grouped-GEMM group count, the framework
+# rows' machine instance). Any other column missing or of another type makes a file foreign.
+TABLE_SCHEMAS: dict[str, pa.Schema] = {"ops": OPS_SCHEMA, "comm": COMM_SCHEMA, "overlap": OVERLAP_SCHEMA,
+                                       "framework": FRAMEWORK_SCHEMA}
+LATER_COLUMNS: dict[str, frozenset[str]] = {"ops": frozenset({"masked", "groups"}),
+                                            "framework": frozenset({"machine", "cpu"})}
+
+
+def schema_refusal(table: str, schema: pa.Schema) -> str:
+    """Why a file's schema is not its table's ("" when it is): a column missing (other than one added later) or
+    of another type, or a column the table does not have."""
+    want = TABLE_SCHEMAS.get(table)
+    if want is None:
+        return ""
+    for f in want:
+        i = schema.get_field_index(f.name)
+        if i < 0:
+            if f.name not in LATER_COLUMNS.get(table, frozenset()):
+                return f"it has no {f.name} column"
+        elif schema.field(i).type != f.type:
+            return f"its {f.name} column is {schema.field(i).type}, not {f.type}"
+    extra = [n for n in schema.names if want.get_field_index(n) < 0]
+    return f"it has columns the {table} table does not ({', '.join(extra[:3])})" if extra else ""
+
+
 def provenance_columns(p: Provenance) -> dict[str, Any]:
     return asdict(p)

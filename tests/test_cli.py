@@ -131,6 +131,19 @@ def test_ops_roll_up_by_kind_and_phase(cpu_db: Path, tiny_llama_file: Path) -> N
     sections = json.loads(run_cli(*base, "--by", "layer", "--json").stdout)
     assert [s["section"] for s in sections][1] == "decoder layer" and sections[1]["count"] == 4
     assert 0 < sum(s["total_ms"] for s in sections) <= sum(x["total_ms"] for x in rows) * 1.0001
+    # --top keeps the largest groups and sections (it was ignored by every roll-up)
+    two = json.loads(run_cli(*base, "--by", "kind", "--top", "2", "--json").stdout)
+    every = json.loads(run_cli(*base, "--by", "kind", "--json", "--top", "0").stdout)
+    assert [g["kind"] for g in two] == [g["kind"] for g in sorted(every, key=lambda g: -g["total_ms"])[:2]]
+    assert len(json.loads(run_cli(*base, "--by", "layer", "--top", "1", "--json").stdout)) == 1
+    # with gradient accumulation the sections add up to forward + backward + optimizer and the in-layer TP traffic
+    # (accumulation was left out)
+    acc = [*base, "--global-batch", "4"]
+    sec = json.loads(run_cli(*acc, "--by", "layer", "--json").stdout)
+    pred = json.loads(run_cli("predict", *acc[1:], "--json").stdout)["breakdown"]
+    assert any(s["section"].startswith("gradient accumulation") for s in sec)
+    assert sum(s["total_ms"] for s in sec) == pytest.approx(
+        pred["forward_ms"] + pred["backward_ms"] + pred["optimizer_ms"] + pred["tp_comm_ms"], rel=1e-6)
 
 
 def test_cli_needs_no_click(tmp_path: Path) -> None:

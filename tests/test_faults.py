@@ -227,6 +227,8 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("search_graph_file", lambda f: ["search", str(f["graph_empty_meta"]), "--gpus", "8", "--global-batch", "8"]),
     ("search_precision_int8", lambda f: ["search", str(f["llama"]), "--gpus", "8", "--global-batch", "8",
                                          "--precision", "int8"]),
+    ("report_out_json", lambda f: ["report", "--out", "/tmp/tpq-report.json"]),  # its .json beside it overwrote it
+    ("db_path_unknown_gpu", lambda f: ["db", "path", "--gpu", "nosuch"]),
     ("report_calibration_without_fit", lambda f: ["report", "--no-fit", "--calibration-out", "/tmp/tpq-cal.json",
                                                   "--out", "/tmp/tpq-report.md"]),
     ("plot_breakdown_kind", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o", "/tmp/tpq-b.svg",
@@ -357,7 +359,8 @@ def test_two_hundred_random_bit_flips_are_all_caught(shipped_copy: Path) -> None
                                    "negative_latency", "nan_latency", "zero_warm_latency", "negative_comm",
                                    "warm_latency_1e12",
                                    "nan_framework", "damaged_framework_page", "h100_rows_in_h200_file",
-                                   "two_torch_stacks_in_comm", "calibration_out_of_bounds", "calibration_unknown_key"])
+                                   "two_torch_stacks_in_comm", "calibration_out_of_bounds", "calibration_unknown_key",
+                                   "comm_copied_in", "comm_over_pcie", "status_column_dropped", "zero_overlap_time"])
 def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fault: str) -> None:
     root = tmp_path / "db"
     shutil.copytree(shipped_copy / "h200", root / "h200")
@@ -428,6 +431,36 @@ def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fa
         t = t.set_column(t.schema.get_field_index(col), col, pa.array(vals, t.schema.field(col).type))
         pq.write_table(t.replace_schema_metadata(pf.schema_arrow.metadata), f)
         manifest.adopt(base, "h200")
+    elif fault in ("comm_copied_in", "comm_over_pcie", "status_column_dropped", "zero_overlap_time"):
+        # re-adopted files a checksum cannot see through: a comm file copied in again (its rows were medianed), one
+        # measured over another link (blended into NVLink's tables), an ops file without its status column (every
+        # row read as null, so filtered away), an overlap time of zero (a division by zero)
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        table = {"comm_copied_in": "comm", "comm_over_pcie": "comm", "status_column_dropped": "ops",
+                 "zero_overlap_time": "overlap"}[fault]
+        f = sorted((base / table).glob("*.parquet"))[0]
+        pf = pq.ParquetFile(f)
+        t = pf.read()
+        if fault == "comm_over_pcie":
+            t = t.set_column(t.schema.get_field_index("link"), "link", pa.array(["pcie"] * len(t), pa.string()))
+            t = t.set_column(t.schema.get_field_index("latency_us"), "latency_us",
+                             pc.multiply(t.column("latency_us"), 10.0))
+        elif fault == "status_column_dropped":
+            t = t.drop(["status"])
+        elif fault == "zero_overlap_time":
+            vals = t.column("compute_alone_us").to_pylist()
+            vals[0] = 0.0
+            t = t.set_column(t.schema.get_field_index("compute_alone_us"), "compute_alone_us",
+                             pa.array(vals, pa.float64()))
+        out = f if fault in ("status_column_dropped", "zero_overlap_time") else f.with_name("zz-" + f.name)
+        pq.write_table(t.replace_schema_metadata(pf.schema_arrow.metadata), out)
+        manifest.adopt(base, "h200")
+        match = {"comm_copied_in": "2 rows of one measurement", "comm_over_pcie": "measured over nvlink and pcie",
+                 "status_column_dropped": "it has no status column",
+                 "zero_overlap_time": "a measured compute_alone_us of 0.0"}[fault]
     elif fault == "damaged_framework_page":  # the first page's header overwritten, then adopted: the table was
         f = sorted((base / "framework").glob("*.parquet"))[0]  # dropped as if absent (-21% at DP=2 TP=2)
         raw = bytearray(f.read_bytes())
@@ -452,6 +485,25 @@ def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fa
         match = "not a JSON object"
     r = _cli(["predict", "examples/llama3.1-8b.json", "--dp", "2", "--tp", "2", "--db", str(root)])
     assert r.returncode == 2 and match in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    v = _cli(["db", "verify", "--db", str(root)])  # what predict refuses, db verify refuses (it passed some)
+    assert v.returncode == 2 and len(v.stderr.strip().splitlines()) == 1, v.stdout + v.stderr
+
+
+def test_adopting_over_a_manifest_the_files_do_not_match_needs_force(shipped_copy: Path, tmp_path: Path) -> None:
+    """`db manifest --adopt` re-recorded a manifest that `db verify` refused, trusting whatever had changed, with
+    no word of it: now it names the mismatch and asks for --force."""
+    root = tmp_path / "db"
+    shutil.copytree(shipped_copy / "h200", root / "h200")
+    adopt = ["db", "manifest", "--adopt", "--root", str(root)]
+    r = _cli(adopt)
+    assert r.returncode == 2 and "every file matches it: nothing to adopt" in r.stderr, r.stderr
+    ops = sorted((root / "h200" / "ops").glob("*.parquet"))
+    shutil.copy(ops[0], root / "h200" / "ops" / "zz-copy.parquet")
+    r = _cli(adopt)
+    assert r.returncode == 2 and "zz-copy.parquet" in r.stderr and "--force" in r.stderr, r.stderr
+    assert _cli([*adopt, "--force"]).returncode == 0
+    r = _cli(["db", "verify", "--db", str(root)])  # adopted, the copy is still caught by its content
+    assert r.returncode == 2 and "duplicate measurements" in r.stderr, r.stderr
 
 
 def test_db_path_with_a_quote_works(shipped_copy: Path, tmp_path: Path) -> None:
@@ -589,6 +641,22 @@ def test_a_report_refuses_runs_measured_on_another_gpu(tmp_path: Path) -> None:
     pq.write_table(t.replace_schema_metadata(meta), prov / "validation-00000.parquet")
     with pytest.raises(ValueError, match="measured on 'h100'"):
         load_rows(prov, "h200")
+
+
+def test_a_report_says_what_it_read_and_whether_it_fitted(tmp_path: Path) -> None:
+    """`report --no-fit` over another folder of runs said it fitted, on the committed measurements (helper audit);
+    the header now names the folder read and the host model as given."""
+    val = tmp_path / "val"
+    val.mkdir()
+    for src in sorted((ROOT / "data" / "validation").glob("validation-*.parquet"))[:2]:
+        shutil.copy(src, val / src.name)
+    out = tmp_path / "rep.md"
+    r = _cli(["report", "--validation", str(val), "--out", str(out), "--no-fit"])
+    assert r.returncode == 0 and "2 cases" in r.stdout, r.stderr
+    text = out.read_text()
+    assert f"measurements in `{val}/`" in text and "operator database in `data/h200/`" in text
+    assert "not fitted by this report" in text and "fitted on the calibration split" not in text
+    assert json.loads(out.with_suffix(".json").read_text())["cases"]
 
 
 def test_a_cached_read_of_the_wrong_shape_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

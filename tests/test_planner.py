@@ -130,6 +130,10 @@ def test_python_api(cpu_db: Path, tiny_llama_file: Path) -> None:
     from tp_query.engine.api import prediction_frame
 
     assert prediction_frame(p).height == len(p.ops)
+    from tp_query.engine.api import TpQueryError
+
+    with pytest.raises(TpQueryError, match="with_ops=True"):  # an empty frame read as a step of no operators
+        prediction_frame(api_predict(tiny_llama_file, gpu="cpu", db=str(cpu_db), precision="fp32", seq_len=64))
     r = api_search(TINY_LLAMA, gpus=2, global_batch=2, seq_len=64, gpu="cpu", db=str(cpu_db), micro_batches=(1,))
     assert r.ranked
     from tp_query.engine.parallel import ParallelConfig
