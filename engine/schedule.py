@@ -241,8 +241,12 @@ class StepSchedule:
         gd, _ = raw["ddp"].times(host)
         src = {name: np.bincount(raw[name].src, weights=g, minlength=len(SOURCES))
                for name, g in (("opt", go), ("accum", ga), ("ddp", gd))}
-        return {"src": src, "opt_us": so.elapsed_us, "opt_gpu_us": so.gpu_us, "accum_us": float(ga.sum()),
-                "ddp_us": float(gd.sum())}
+        seg = raw["opt"]
+        # collectives inside the optimizer segment (sequence parallelism's norm-gradient all-reduce over TP, run
+        # before the step): TP traffic in the breakdown, not optimizer time
+        opt_tp = float(go[seg.is_comm & ~seg.ep_mask()].sum()) if len(go) else 0.0
+        return {"src": src, "opt_us": so.elapsed_us, "opt_gpu_us": so.gpu_us, "opt_tp_comm_us": opt_tp,
+                "accum_us": float(ga.sum()), "ddp_us": float(gd.sum())}
 
     def evaluate(self, host: HostModel) -> tuple[float, dict[str, float], list[dict[str, float]], int]:
         """Iteration time (us), breakdown (ms), per-stage times and the critical stage."""
@@ -273,14 +277,15 @@ class StepSchedule:
         accum = (m - 1) * c["accum_us"]
         merge = self._merge_us(host) if par.pp > 1 else 0.0
         dp_exposed = self._dp_comm_us(self.stages[crit], c)
-        opt_gpu = max(r["opt_gpu_us"] for r in per_stage)
+        opt_stage = max(per_stage, key=lambda r: r["opt_gpu_us"])
+        opt_gpu, opt_tp = opt_stage["opt_gpu_us"], opt_stage.get("opt_tp_comm_us", 0.0)
         opt_host = max(r["opt_us"] for r in per_stage) - opt_gpu
         host_total = host_fb + opt_host + host.per_iteration_us
         breakdown = {
             "forward_ms": fwd_compute / 1e3,
             "backward_ms": (bwd_compute + accum + c["ddp_us"]) / 1e3,
-            "optimizer_ms": opt_gpu / 1e3,
-            "tp_comm_ms": tp_comm / 1e3,
+            "optimizer_ms": (opt_gpu - opt_tp) / 1e3,
+            "tp_comm_ms": (tp_comm + opt_tp) / 1e3,
             **({"ep_comm_ms": ep_comm / 1e3} if par.ep > 1 else {}),
             "pp_comm_ms": pp_comm / 1e3,
             "dp_comm_ms": dp_exposed / 1e3,

@@ -51,6 +51,17 @@ def test_exact_calls_of_the_measured_setting(eng: Engine) -> None:
     assert mm and all(r.source == "exact" for r in mm)
 
 
+def test_tp_traffic_is_every_tp_collective_of_the_step(eng: Engine) -> None:
+    """Sequence parallelism all-reduces its norm gradients over TP before the optimizer step: that traffic was
+    counted as optimizer time; the breakdown's TP traffic is every TP collective's GPU time."""
+    p = eng.predict(req(tp=2, sequence_parallel=True), with_ops=True)
+    comm = [r for r in p.ops if r.op.startswith("comm.")]
+    assert any(r.phase == "opt" for r in comm)  # the case the test is about
+    assert p.breakdown["tp_comm_ms"] == pytest.approx(sum(r.total_ms for r in comm), rel=1e-9)
+    assert p.breakdown["optimizer_ms"] == pytest.approx(
+        sum(r.total_ms for r in p.ops if r.phase == "opt" and not r.op.startswith("comm.")), rel=1e-9)
+
+
 def test_parallel_splits(eng: Engine) -> None:
     one = eng.predict(req())
     tp2 = eng.predict(req(tp=2))
