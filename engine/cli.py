@@ -424,9 +424,9 @@ def db_path(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
     def go() -> None:
         root = db or default_root()
         where = f"{str(root).rstrip('/')}/{gpu}"
-        if not str(root).startswith(("s3://", "http://", "https://")) and not (Path(where) / "ops").is_dir():
-            from tp_query.engine.db import missing_database
+        from tp_query.engine.db import is_remote, missing_database
 
+        if not is_remote(root) and not (Path(where) / "ops").is_dir():
             raise UserError(missing_database(str(root), gpu))
         typer.echo(where)
 
@@ -606,7 +606,6 @@ def search(
                             "--emit megatron")
         if price_per_gpu_hour is not None and tokens is None:
             raise UserError("--price-per-gpu-hour prices a job: give its token budget with --tokens")
-
         if top < 0:
             raise UserError(f"--top must be 0 (every configuration) or more, got {top}")
         precs = list(Setting) if precision and "all" in precision else [_setting(p) for p in (precision or ["amp_bf16"])]

@@ -24,7 +24,7 @@ from tp_query.schema.gpus import GPUS
 from tp_query.schema.messages import first_line
 from tp_query.schema.tables import METADATA_KEY, SCHEMA_VERSION, schema_refusal
 
-from .dbcache import DB_ENV, DatabaseError, default_root  # noqa: F401 - part of this module's interface
+from .dbcache import DB_ENV, DatabaseError, default_root, is_remote  # noqa: F401 - part of this module's interface
 
 # No single operator call or collective of a training step runs 100 s (the slowest measured: 0.32 s): a latency
 # beyond it is a damaged or hand-edited row, which one median would not absorb
@@ -36,7 +36,7 @@ _SQL_BATCH_ROWS = 65_536
 
 
 def available_gpus(root: Path) -> list[str]:
-    if str(root).startswith(("s3://", "http://", "https://")):
+    if is_remote(root):
         return sorted(GPUS)
     return sorted(p.name for p in root.iterdir() if (p / "ops").is_dir()) if root.is_dir() else []
 
@@ -127,7 +127,7 @@ class Database:
         self.torch_request = torch_version
         self.root = str(root) if root is not None else str(default_root())
         self.con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False})
-        self.remote = self.root.startswith(("s3://", "http://", "https://"))
+        self.remote = is_remote(self.root)
         self.tables: dict[str, list[str]] = {}
         self._locked = False
         if self.remote:

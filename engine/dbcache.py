@@ -27,6 +27,11 @@ SNAPSHOT_VERSION = 1
 DB_ENV = "TP_QUERY_DB"
 
 
+def is_remote(root: str | Path) -> bool:
+    """Whether a database root is object storage or a web address (read through DuckDB's httpfs), not a folder."""
+    return str(root).startswith(("s3://", "http://", "https://"))
+
+
 def default_root() -> Path | str:
     """Where databases live unless --db says: $TP_QUERY_DB (a folder or s3:// prefix), else data/ beside the
     engine: the checkout's data/ folder, or the copy shipped inside the installed package (tp_query/data)."""
@@ -130,7 +135,7 @@ class DbSnapshot:
         cache_root = cache or _cache_root()
         base = Path(self.root) / gpu
         self._base = base
-        remote = self.root.startswith(("s3://", "http://", "https://"))
+        remote = is_remote(self.root)
         if remote or not (base / manifest.MANIFEST_NAME).is_file():
             self.database  # noqa: B018 - validates now and says why it cannot open, as before
             return

@@ -46,6 +46,7 @@ class HostExtra:
     per_layer_us: dict[str, float]
     fixed_us: dict[str, float]
     source: str  # "measured (N ranks)" | "none"
+    measured_ranks: int = 0  # the group size its rows were measured with (0: none)
 
     @staticmethod
     def none() -> HostExtra:
@@ -59,6 +60,7 @@ class Interference:
 
     points: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)  # coll -> (bytes, c, m)
     source: str = "none"
+    measured_ranks: int = 0  # the group size its rows were measured with (0: none)
 
     def factors(self, collective: str, nbytes: float) -> tuple[float, float]:
         pts = self.points.get(collective) or self.points.get("all_reduce")
@@ -221,7 +223,7 @@ class FrameworkData:
             pts.setdefault(r["collective"], []).append(
                 (float(r["bytes"]), max(r["compute_concurrent_us"] / r["compute_alone_us"], 1.0),
                  max(r["comm_concurrent_us"] / r["comm_alone_us"], 1.0)))
-        return Interference(pts, f"measured ({rk} ranks, {comp})")
+        return Interference(pts, f"measured ({rk} ranks, {comp})", rk)
 
     def per_op_host_us(self, setting: str) -> dict[str, float]:
         """Plain eager PyTorch's host cost per aten operator (forward, backward, optimizer), measured on
@@ -289,7 +291,7 @@ class FrameworkData:
                     out[phase] = max(self._median_over_machines(sel), 0.0)
         used = sorted({r.get("machine") or FIRST_MACHINE for r in rows if int(r["ranks"]) == rk})
         return HostExtra(per, fixed, f"measured ({rk} ranks, " + (
-            f"machine {used[0]})" if len(used) == 1 else f"median of {len(used)} machines)"))
+            f"machine {used[0]})" if len(used) == 1 else f"median of {len(used)} machines)"), rk)
 
 
 # ---------------------------------------------------------------------------------------------

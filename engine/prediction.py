@@ -6,7 +6,6 @@ schedule -> prediction."""
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from dataclasses import asdict, replace
 from typing import Any, cast
@@ -123,11 +122,10 @@ class Assembled(StepSchedule):
         host_share = breakdown["host_overhead_ms"] * 1e3 / total_us if total_us else 0.0
         extras = [e.source for e in self.host_extras if e.source != "none"]
         group = max(par.dp, par.tp) if par.framework == Framework.TORCH else par.dp
-        measured_at = {int(m.group(1)) for src in (*extras, self.interference().source)
-                       for m in re.finditer(r"measured \((\d+) ranks", src)}
-        if measured_at and group > max(measured_at):
+        measured_at = max([e.measured_ranks for e in self.host_extras] + [self.interference().measured_ranks])
+        if 0 < measured_at < group:
             self.warnings.append(f"the framework's host costs and compute-communication interference were measured "
-                                 f"with {max(measured_at)} ranks and stand for this group of {group} (their growth "
+                                 f"with {measured_at} ranks and stand for this group of {group} (their growth "
                                  "with the rank count is not measured)")
         if host_share > 0.3:
             self.warnings.append(f"host-bound: {host_share:.0%} of the step is host overhead"

@@ -274,13 +274,18 @@ def _bool(name: str, v: Any, default: bool) -> bool:
 ROPE_TYPES = ("default", "dynamic", "linear", "llama3", "longrope", "proportional", "yarn")
 
 
-def _rope(cfg: dict[str, Any]) -> tuple[float, str]:
-    """RoPE's base and type as transformers reads them: rope_scaling, when given, replaces rope_parameters."""
+def _rope_params(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The RoPE parameters transformers reads: rope_scaling, when given, replaces rope_parameters."""
     for key in ("rope_scaling", "rope_parameters"):
         if cfg.get(key) is not None and not isinstance(cfg.get(key), dict):
             raise ConfigError(f"{key} must be an object or null, got {cfg.get(key)!r}"[:160])
-    params = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    if not isinstance(params, dict):
+    return cfg.get("rope_scaling") or cfg.get("rope_parameters") or None
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[float, str]:
+    """RoPE's base and type as transformers reads them."""
+    params = _rope_params(cfg)
+    if params is None:
         return _nonneg_float("rope_theta", cfg.get("rope_theta", 10000.0)), "default"
     if "factor" in params:
         f = params["factor"]
@@ -293,8 +298,7 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, str]:
 
 
 def _factor_below_one(cfg: dict[str, Any]) -> bool:
-    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    f = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) if isinstance(params, dict) else 1.0
+    f = (_rope_params(cfg) or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     return isinstance(f, int | float) and not isinstance(f, bool) and f < 1
 
 
@@ -305,25 +309,26 @@ _ATTENTION_BIAS_TYPES = frozenset({"llama", "qwen3", "qwen3_moe", "gemma2", "gem
 _MLP_BIAS_TYPES = frozenset({"llama"})
 
 
-def _biases(cfg: dict[str, Any], model_type: str, neox: bool) -> tuple[bool, bool, bool]:
-    """(q/k/v, output projection, MLP) biases as the model type's module builds them."""
+def _biases(cfg: dict[str, Any], model_type: str, family: ArchFamily) -> tuple[bool, bool, bool]:
+    """(q/k/v, output projection, MLP) biases as the model type's module builds them (a model type known only to
+    transformers: as its keys say; its own module decides, and its graph is counted)."""
     if model_type == "qwen2":
         return True, False, False
     if model_type == "qwen2_moe":
         return _bool("qkv_bias", cfg.get("qkv_bias"), True), False, False
-    known = model_type in WINDOW_RULES
+    generic, neox = family == ArchFamily.TRANSFORMERS, family == ArchFamily.GPT_NEOX
     attn = _bool("attention_bias", cfg.get("attention_bias"), neox) if (
-        model_type in _ATTENTION_BIAS_TYPES or not known) else False
-    mlp = _bool("mlp_bias", cfg.get("mlp_bias"), False) if (model_type in _MLP_BIAS_TYPES or not known) else neox
+        generic or model_type in _ATTENTION_BIAS_TYPES) else False
+    mlp = _bool("mlp_bias", cfg.get("mlp_bias"), False) if (generic or model_type in _MLP_BIAS_TYPES) else neox
     return attn, attn, mlp
 
 
-def unread_bias_keys(cfg: dict[str, Any], model_type: str) -> list[str]:
+def unread_bias_keys(cfg: dict[str, Any], model_type: str, family: ArchFamily) -> list[str]:
     """Bias keys a config states, that its model type's module does not read, with a value other than what the
     module builds (config_notes names them)."""
-    if model_type not in WINDOW_RULES:
+    if family == ArchFamily.TRANSFORMERS:
         return []
-    qkv, o, mlp = _biases(cfg, model_type, model_type == "gpt_neox")
+    qkv, o, mlp = _biases(cfg, model_type, family)
     asked = {"attention_bias": ((qkv, o), _ATTENTION_BIAS_TYPES), "mlp_bias": ((mlp,), _MLP_BIAS_TYPES),
              "qkv_bias": ((qkv,), frozenset({"qwen2_moe"}))}
     return [k for k, (built, types) in asked.items()
@@ -550,7 +555,7 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         if chunk:  # Llama-4: its RoPE layers attend within chunks (a mask), its NoPE layers to everything
             layer_types = tuple(CHUNKED if (not rope_layers or rope_layers[i]) else FULL for i in range(n_layers))
     neox = family == ArchFamily.GPT_NEOX
-    qkv_bias, o_bias, mlp_bias = _biases(cfg, model_type, neox)
+    qkv_bias, o_bias, mlp_bias = _biases(cfg, model_type, family)
     experts = 0
     top_k = moe_ffn = shared_ffn = 0
     if family == ArchFamily.MIXTRAL:
@@ -839,7 +844,7 @@ def config_notes(cfg: Any) -> list[str]:
         notes.append("llama4_text: transformers' Llama4TextMoe runs every routed expert on every token (inputs "
                      "repeated per expert, scaled by the router's scores, one batched GEMM): the time, memory and "
                      "hardware FLOPs are that dense run's, not top-k routing's")
-    unread = unread_bias_keys(text, model_type)
+    unread = unread_bias_keys(text, model_type, family)
     if unread:
         notes.append(f"{model_type}: transformers' {model_type} does not read {', '.join(unread)} (its projections' "
                      "biases are fixed): predicted with the biases it builds")

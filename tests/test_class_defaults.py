@@ -338,7 +338,7 @@ def test_parameters_are_those_transformers_builds(mt: str, keys: dict[str, objec
     assert spec.param_count() == sum(p.numel() for p in model.parameters())
     unread = [k for k in ("attention_bias", "mlp_bias", "qkv_bias") if k in keys]
     noted = any("does not read" in n and "biases" in n for n in config_notes(cfg))
-    assert noted == (any(k in unread_bias_keys(cfg, mt) for k in unread))
+    assert noted == (any(k in unread_bias_keys(cfg, mt, spec.family) for k in unread))
 
 
 def test_rope_types_are_transformers_own() -> None:

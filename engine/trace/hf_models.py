@@ -172,17 +172,16 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     if shard.tp > 1:
         if spec.family in _NO_TP:
             raise UnsupportedSplit(f"TP>1 is not modelled for {spec.family}: {_NO_TP[spec.family]}")
+        whole = _config_object(dict(cfg))  # the whole model as transformers builds it, class defaults included
         if spec.family == ArchFamily.TRANSFORMERS and "head_dim" not in cfg:
             # the head size the whole model has, kept when the heads are divided (a model type that derives it
             # from hidden_size / heads regardless fails the split check: its attention comes out replicated)
-            whole = _config_object(dict(cfg))
             heads = getattr(whole, "num_attention_heads", None)
             hd = getattr(whole, "head_dim", None) or (whole.hidden_size // heads if heads else None)
             if hd:
                 cfg["head_dim"] = int(hd)
         # a size the file leaves to its class is the class default on every rank unless stated: stated here, so it
         # divides (the Hub's Gemma-3 text_config leaves out vocab_size, and on 4B the head counts)
-        whole = _config_object(dict(cfg))
         for k in _TP_KEYS:
             v = getattr(whole, k, None)
             if cfg.get(k) is None and isinstance(v, int) and not isinstance(v, bool) and v > 0:
@@ -295,12 +294,11 @@ def check_layer_kinds(spec: ModelSpec) -> None:
                           f"{count(own_kinds[0]) or 'all alike'} and RoPE as {count(own_kinds[1]) or 'everywhere'}, "
                           f"not as the config reads; give first_k_dense_replace / mlp_layer_types / no_rope_layers "
                           f"in the config")
-    if "layer_types" in cfg:
-        return  # the config says, and the parser read it
-    own = getattr(obj, "layer_types", None)
+    if own_types is None:
+        return  # the config says (and the parser read it), or transformers' class derives no list
     assumed = list(spec.layer_types) or ["full_attention"] * spec.num_layers
-    if own is not None and list(own)[:spec.num_layers] != assumed:
-        kinds = {k: list(own).count(k) for k in dict.fromkeys(own)}
+    if list(own_types)[:spec.num_layers] != assumed:
+        kinds = {k: list(own_types).count(k) for k in dict.fromkeys(own_types)}
         raise ConfigError(f"{spec.model_type}: transformers builds its layers as {kinds}, not as the config reads; give "
                           f"layer_types in the config")
 
