@@ -9,7 +9,8 @@ the optimizer step (gradients plus the optimizer's temporaries).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from enum import StrEnum
 
 from tp_query.schema.gpus import GpuSpec
 from tp_query.schema.precision import SETTINGS, Setting, SettingSpec
@@ -24,8 +25,41 @@ WORKSPACE_BYTES = 64 * 2**20  # cuBLAS/cuDNN workspaces that the caching allocat
 FRAGMENTATION = 0.03  # share of capacity the caching allocator cannot hand out at the peak
 
 
+class PeakPhase(StrEnum):
+    """Where in the step a stage's memory peaks."""
+
+    START_OF_BACKWARD = "start of backward"
+    OPTIMIZER_STEP = "optimizer step"
+    PIPELINE_MERGE = "pipeline output merge"
+    LAYER_BACKWARD = "layer backward"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeakParts:
+    """What is live at one point of the step, by kind; the parts sum to that point's memory."""
+
+    phase: PeakPhase
+    weights_bytes: int = 0
+    grads_bytes: int = 0
+    optimizer_bytes: int = 0
+    activations_bytes: int = 0
+    gathered_bytes: int = 0
+    transient_bytes: int = 0
+    buffers_bytes: int = 0
+
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self) if f.name != "phase")
+
+    def parts(self) -> dict[str, int]:
+        """Each kind's bytes by its name without the unit (weights, grads, ...)."""
+        return {f.name.removesuffix("_bytes"): getattr(self, f.name) for f in fields(self) if f.name != "phase"}
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
+    """Each kind's largest size over the step (they need not be live together), the peak, and what is live at
+    the peak (`at_peak`, whose parts sum to it)."""
+
     weights_bytes: int
     grads_bytes: int
     optimizer_bytes: int
@@ -36,6 +70,7 @@ class MemoryBreakdown:
     peak_bytes: int
     capacity_bytes: int
     fits: bool
+    at_peak: PeakParts
 
     @property
     def margin_bytes(self) -> int:
@@ -114,23 +149,39 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
         # gradients exist one micro-batch's activations are gone (allocator trace of the last stage, 2 x
         # H200: every micro-batch's kept tensors and every parameter gradient, no head transient, at the peak)
         one_mb = act_mb + (_head_kept_bytes(mp, graph) if stage.last and graph.meta.traced_layers else 0)
-        start_bwd = w + o + unsharded + max(acts + transient_bwd, g_own + acts - one_mb + transient_bwd)
+        no_grads = PeakParts(phase=PeakPhase.START_OF_BACKWARD, weights_bytes=w, optimizer_bytes=o,
+                             gathered_bytes=unsharded, activations_bytes=acts, transient_bytes=transient_bwd)
+        with_grads = replace(no_grads, grads_bytes=g_own, activations_bytes=acts - one_mb)
+        start_bwd = with_grads if with_grads.total() > no_grads.total() else no_grads
     else:
-        start_bwd = w + o + grads_live + acts + unsharded + transient_bwd
-    in_bwd = _fsdp_in_backward(stage, par, st, mp, w + o + root_full, g, g_full, per_layer, m) if torch_fsdp else 0
+        start_bwd = PeakParts(phase=PeakPhase.START_OF_BACKWARD, weights_bytes=w, optimizer_bytes=o,
+                              grads_bytes=grads_live, activations_bytes=acts, gathered_bytes=unsharded,
+                              transient_bytes=transient_bwd)
     share = stage.param_numel / traced_numel
     opt_transient = int(mp.opt_peak_bytes * share / (par.dp if par.zero >= 1 else 1))
-    at_opt = w + o + g_own + opt_transient + kept_pred
-    at_merge = w + o + g_own + merged if merged else 0
+    phases = [start_bwd, PeakParts(phase=PeakPhase.OPTIMIZER_STEP, weights_bytes=w, optimizer_bytes=o,
+                                   grads_bytes=g_own, transient_bytes=opt_transient, activations_bytes=kept_pred)]
+    if merged:
+        phases.append(PeakParts(phase=PeakPhase.PIPELINE_MERGE, weights_bytes=w, optimizer_bytes=o, grads_bytes=g_own,
+                                activations_bytes=merged))
+    if torch_fsdp:
+        phases += _fsdp_in_backward(stage, par, st, mp, w, o, root_full, g, g_full, per_layer, m)
     buffers = WORKSPACE_BYTES + ddp_buckets + _megatron_attention_buffer(graph, par)
-    peak = max(start_bwd, at_opt, at_merge, in_bwd) + buffers
+    top = max(phases, key=PeakParts.total)  # the first of equal ones
+    at_peak = replace(top, buffers_bytes=buffers)
+    peak = at_peak.total()
     capacity = int((gpu.memory_bytes - gpu.context_bytes) * (1 - FRAGMENTATION))
-    transient = max(head, mp.layer_bwd_transient_bytes, opt_transient)
-    return MemoryBreakdown(w, g, o, acts, unsharded, transient, buffers, int(peak), capacity, peak <= capacity)
+    # each kind's largest: its size at rest or in its own phase, or what any phase holds of it (FSDP2's layer
+    # backward holds two gathered layers, the head's gradient beside the sharded ones, a reduce-scatter input)
+    base = {"weights": w, "grads": g, "optimizer": o, "activations": acts, "gathered": unsharded,
+            "transient": max(head, mp.layer_bwd_transient_bytes, opt_transient), "buffers": buffers}
+    big = {k: max(v, *(ph.parts()[k] for ph in phases)) for k, v in base.items()}
+    return MemoryBreakdown(big["weights"], big["grads"], big["optimizer"], big["activations"], big["gathered"],
+                           big["transient"], big["buffers"], peak, capacity, peak <= capacity, at_peak)
 
 
-def _fsdp_in_backward(stage: StageWork, par: ParallelConfig, st: SettingSpec, mp: MemoryProfile, fixed: int, g: int,
-                      g_full: int, per_layer: dict[int, int], m: int) -> int:
+def _fsdp_in_backward(stage: StageWork, par: ParallelConfig, st: SettingSpec, mp: MemoryProfile, w: int, o: int,
+                      root_full: int, g: int, g_full: int, per_layer: dict[int, int], m: int) -> list[PeakParts]:
     """FSDP2's peak inside layer backward, the largest over the layers: the sharded state and the unsharded root
     (`fixed`), the LM head's unsharded gradient (the root reduces last), the current layer unsharded and the
     next one prefetched (ZeRO-3; ZeRO-2 keeps every layer since forward), the reduce-scatter input of the layer
@@ -139,21 +190,21 @@ def _fsdp_in_backward(stage: StageWork, par: ParallelConfig, st: SettingSpec, mp
     kept and the layer's backward transient. From FSDP2's default backward prefetch and one reduce-scatter
     buffer in flight; a dense-first MoE's unit sizes differ along the depth, so every layer is a candidate."""
     order = sorted(per_layer)
-    if not order:
-        return 0
     units = [per_layer[k] for k in order]
     param_item = st.param_dtype.itemsize
     grad_item = g_full / max(stage.param_numel, 1)
     rs_item = 4.0 if st.master_weights else grad_item
     head_grad = int(sum(p.numel for p in stage.params if p.section == Section.HEAD) * grad_item)
     embed_act = mp.embed_act_bytes if stage.first else 0
-    out = 0
+    out = []
     for k, u in enumerate(units):
         held = sum(units[:k + 1]) if par.zero == 2 else u + (units[k - 1] if k else 0)
         rs_in = int(units[k + 1] * rs_item) if k + 1 < len(units) else 0
         grads = g if m > 1 else int(sum(units[k + 1:]) * grad_item / par.dp)
-        out = max(out, fixed + head_grad + held * param_item + rs_in + grads + embed_act
-                  + (k + 1) * mp.layer_act_bytes + mp.layer_bwd_transient_bytes)
+        out.append(PeakParts(phase=PeakPhase.LAYER_BACKWARD, weights_bytes=w, optimizer_bytes=o,
+                             gathered_bytes=root_full + held * param_item, grads_bytes=head_grad + grads,
+                             activations_bytes=embed_act + (k + 1) * mp.layer_act_bytes,
+                             transient_bytes=rs_in + mp.layer_bwd_transient_bytes))
     return out
 
 

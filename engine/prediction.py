@@ -179,11 +179,14 @@ class Assembled(StepSchedule):
                     "optimizer_gib": mem.optimizer_bytes / 2**30, "activations_gib": mem.activations_bytes / 2**30,
                     "gathered_gib": mem.gathered_bytes / 2**30,
                     "transient_gib": mem.transient_bytes / 2**30, "buffers_gib": mem.buffers_bytes / 2**30,
-                    "capacity_gib": mem.capacity_bytes / 2**30, "margin_gib": mem.margin_bytes / 2**30},
+                    "capacity_gib": mem.capacity_bytes / 2**30, "margin_gib": mem.margin_bytes / 2**30,
+                    **{f"at_peak_{k}_gib": v / 2**30 for k, v in mem.at_peak.parts().items()}},
+            peak_at=mem.at_peak.phase.value,
             sources=sources, warnings=self.warnings, config=self._config(self.host_model(host)),
             tokens_per_s=tokens / (total_us / 1e6),
             stages=[{"stage": s.index, "layers": s.layers, "fwd_ms": r["fwd_us"] / 1e3, "bwd_ms": r["bwd_us"] / 1e3,
-                     "opt_ms": r["opt_us"] / 1e3, "peak_memory_gib": mm.peak_bytes / 2**30}
+                     "opt_ms": r["opt_us"] / 1e3, "peak_memory_gib": mm.peak_bytes / 2**30,
+                     "peak_at": mm.at_peak.phase.value}
                     for s, r, mm in zip(self.stages, per_stage, mems, strict=True)],
             ops=self._op_rows(op_rows) if self.with_ops else [], **flops,
             sections=self._section_rows(crit, per_stage[crit]),

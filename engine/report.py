@@ -47,6 +47,13 @@ def _bar(frac: float, width: int = 24) -> str:
     return "█" * n + "·" * (width - n)
 
 
+def _memory_parts(m: dict[str, float], prefix: str) -> str:
+    """One memory line: each kind in GiB (gathered only where FSDP2 gathers)."""
+    kinds = ("weights", "grads", "optimizer", "activations", "gathered", "transient", "buffers")
+    return "  ".join(f"{k} {m[f'{prefix}{k}_gib']:.2f}" for k in kinds
+                     if k != "gathered" or m.get(f"{prefix}gathered_gib"))
+
+
 def prediction_table(p: Prediction) -> str:
     c = p.config
     lines = [
@@ -73,10 +80,8 @@ def prediction_table(p: Prediction) -> str:
         "",
         f"peak memory      {p.peak_memory_gib:10.2f} GiB     {verdict} (usable {m['capacity_gib']:.1f} GiB, "
         f"margin {m['margin_gib']:+.1f} GiB)",
-        f"  weights {m['weights_gib']:.2f}  grads {m['grads_gib']:.2f}  optimizer {m['optimizer_gib']:.2f}  "
-        f"activations {m['activations_gib']:.2f}  "
-        + (f"gathered {m['gathered_gib']:.2f}  " if m.get("gathered_gib") else "")
-        + f"transient {m['transient_gib']:.2f}  buffers {m['buffers_gib']:.2f}",
+        f"  at the {p.peak_at or 'peak'}: " + _memory_parts(m, "at_peak_"),
+        "  largest over the step: " + _memory_parts(m, ""),
         "",
         "sources of the time: " + ", ".join(f"{k} {v:.1%}" for k, v in p.sources.items() if v > 0.0005),
     ]

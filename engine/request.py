@@ -107,6 +107,8 @@ class Prediction:
     breakdown: dict[str, float]
     peak_memory_gib: float
     fits: bool
+    # each kind's largest size over the step (`weights_gib`, ...; not all live together), the capacity and margin,
+    # and what is live at the peak (`at_peak_weights_gib`, ...: they sum to peak_memory_gib)
     memory: dict[str, float]
     sources: dict[str, float]
     warnings: list[str]
@@ -122,6 +124,7 @@ class Prediction:
     # GPU time of the slowest stage by section: the embedding, one decoder layer (and how many), the head,
     # the optimizer step (per iteration; host idle, pipeline bubble and data-parallel traffic apart)
     sections: list[dict[str, Any]] = field(default_factory=list)
+    peak_at: str = ""  # where in the step the peak stage's memory peaks (memory.PeakPhase)
 
     def to_json(self, with_ops: bool = False) -> dict[str, Any]:
         d = asdict(self)

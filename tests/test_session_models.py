@@ -145,6 +145,53 @@ def test_gpipe_keeps_each_micro_batch_loss_activations(eng: Engine) -> None:
     assert g8 - g4 > 0 and (g8 - g4) > (o8 - o4)
 
 
+@pytest.mark.parametrize("setting,par", [
+    (Setting.AMP_BF16, {}), (Setting.AMP_BF16, {"global_batch": 4}), (Setting.AMP_BF16, {"dp": 2}),
+    (Setting.AMP_BF16, {"dp": 2, "global_batch": 8, "ddp_bucket_view": True}), (Setting.BF16, {"dp": 2, "zero": 2}),
+    (Setting.AMP_BF16, {"dp": 2, "zero": 3}), (Setting.MP_BF16, {"dp": 2, "zero": 3, "global_batch": 8}),
+    (Setting.BF16, {"pp": 2, "global_batch": 8}), (Setting.AMP_BF16, {"pp": 2, "global_batch": 8, "pp_schedule": "gpipe"}),
+    (Setting.BF16, {"tp": 2}), (Setting.MP_BF16, {"framework": "megatron", "dp": 2}),
+])
+def test_memory_at_the_peak_sums_to_it(eng: Engine, setting: Setting, par: dict[str, object]) -> None:
+    """The memory lines say what is live at the peak (they sum to it, and name the phase), apart from each kind's
+    largest over the step, which no part at the peak exceeds."""
+    p = eng.predict(_req(setting, **par))
+    m = p.memory
+    kinds = ("weights", "grads", "optimizer", "activations", "gathered", "transient", "buffers")
+    assert sum(m[f"at_peak_{k}_gib"] for k in kinds) == pytest.approx(p.peak_memory_gib, rel=1e-12)
+    assert all(m[f"at_peak_{k}_gib"] <= m[f"{k}_gib"] + 1e-12 for k in kinds)
+    assert p.peak_at in {"start of backward", "optimizer step", "pipeline output merge", "layer backward"}
+    assert all(s["peak_at"] for s in p.stages)
+
+
+def test_one_micro_batch_peaks_before_any_gradient(eng: Engine) -> None:
+    """PyTorch frees gradients at zero_grad: a one-micro-batch step peaks either at the start of backward with no
+    gradient yet, or at the optimizer step with every gradient and no activations kept; several micro-batches run
+    backward beside the earlier ones' gradients."""
+    one = eng.predict(_req(Setting.AMP_BF16))
+    if one.peak_at == "start of backward":
+        assert one.memory["at_peak_grads_gib"] == 0 and one.memory["at_peak_activations_gib"] > 0
+    else:
+        assert one.peak_at == "optimizer step" and one.memory["at_peak_activations_gib"] == 0
+    assert one.memory["grads_gib"] > 0
+    four = eng.predict(_req(Setting.AMP_BF16, global_batch=4))
+    assert four.peak_at == "start of backward" and four.memory["at_peak_grads_gib"] == four.memory["grads_gib"]
+
+
+def test_predict_table_memory_line_sums_to_the_peak() -> None:
+    """The table's first memory line is the peak's own composition: its numbers add up to the peak printed."""
+    import re
+
+    cfg = Path(__file__).resolve().parents[1] / "examples" / "llama3.1-8b.json"
+    r = run_cli("predict", str(cfg), "--gpu", "h200", "--dp", "2", "--tp", "2")
+    assert r.returncode == 0, r.stderr
+    peak = float(re.search(r"peak memory\s+([0-9.]+) GiB", r.stdout).group(1))  # type: ignore[union-attr]
+    line = re.search(r"  at the (start of backward|optimizer step): (.*)", r.stdout)
+    assert line is not None and "largest over the step: " in r.stdout
+    parts = [float(x) for x in re.findall(r"[a-z]+ ([0-9.]+)", line.group(2))]
+    assert len(parts) == 6 and peak > 50 and sum(parts) == pytest.approx(peak, abs=0.005 * len(parts) + 0.005)
+
+
 # -- what a prediction says about its graph -------------------------------------------------------------
 
 def test_moe_prediction_states_its_routing(tmp_path: Path) -> None:
