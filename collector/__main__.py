@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from tp_query.schema.gpus import UnknownGpu, gpu_spec
+from tp_query.schema.manifest import ManifestError
 from tp_query.schema.precision import Precision
 
 from .device import Device, DeviceError
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"collect": _collect, "validate": _validate, "oplog": _oplog, "probe": _probe,
                 "memtrace": _memtrace, "comm": _comm, "dist-validate": _dist_validate,
                 "dist-probe": _dist_probe}[a.cmd](a)
-    except (UnknownGpu, DeviceError, StoreError) as e:
+    except (UnknownGpu, DeviceError, StoreError, ManifestError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tp_query.schema.gpus import normalise_nvml_name
+from tp_query.schema.gpus import known_nvml_names, normalise_nvml_name
 from tp_query.schema.tables import Provenance
 
 
@@ -129,4 +129,5 @@ class Device:
         if self.cpu:
             raise DeviceError(f"GPU={wanted} asked, but no CUDA GPU is visible (use GPU=cpu for the CPU mode)")
         if got != wanted:
-            raise DeviceError(f"GPU={wanted} asked, but this machine has {self.name!r} ({got or 'unknown type'})")
+            raise DeviceError(f"GPU={wanted} asked, but this machine has {self.name!r} "
+                              + (f"({got})" if got else f"(not a part the project knows: {known_nvml_names()})"))

@@ -464,7 +464,9 @@ def main_probe(gpu: str, out_root: Path, what: str, host_kinds: str | None = Non
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl", timeout=timedelta(seconds=300))
     device = torch.device("cuda", local)
-    prov = Device().provenance()
+    dev = Device()
+    dev.check_matches(gpu)  # an H200 host's rows must not fill data/h100
+    prov = dev.provenance()
     try:
         if "overlap" in what:
             overlap_campaign(device, prov, out_root / "overlap")

@@ -606,6 +606,7 @@ def run_campaign(cases: list[DistCase], out: Path, gpu: str, budget_s: float | N
     device = torch.device("cpu") if cpu else torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     rank = dist.get_rank()
     dev = Device(cpu=cpu)
+    dev.check_matches(gpu)  # validation rows of another GPU would be compared with this GPU's database
     prov = dev.provenance()
     store = ChunkedStore(out, "validation-dist", VALIDATION_SCHEMA, prov, key_columns=("case_id",),
                          remeasure=remeasure) if rank == 0 else None

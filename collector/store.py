@@ -77,6 +77,16 @@ def read_columns(path: Path, columns: list[str]) -> pa.Table:
         raise StoreError(f"corrupt or unreadable Parquet file {path}: {first_line(e)}") from None
 
 
+def _file_gpu(meta: dict[bytes, bytes]) -> str | None:
+    """The GPU a file's provenance names (None for a file without one)."""
+    raw = meta.get(METADATA_KEY)
+    try:
+        gpu = json.loads(raw).get("gpu") if raw else None
+    except (ValueError, AttributeError):
+        return None
+    return gpu if isinstance(gpu, str) else None
+
+
 class ChunkedStore:
     """Resumable, append-only storage of one campaign's rows under `folder`."""
 
@@ -106,9 +116,20 @@ class ChunkedStore:
         self.buffer: list[dict[str, Any]] = []
         for p in sorted(folder.glob("*.parquet")):  # refuse to build on a file we cannot read
             try:
-                pq.read_metadata(p)
+                meta = pq.read_metadata(p).metadata or {}
             except Exception as e:
                 raise StoreError(f"corrupt or unreadable Parquet file {p}: {first_line(e)}") from None
+            # nor on another GPU's rows in a database table: they would count as measured here, and the database
+            # would mix two GPUs (validation folders hold every GPU's runs, told apart by their rows)
+            theirs = _file_gpu(meta)
+            if folder.name in manifest.TABLE_DIRS and theirs is not None and theirs != provenance.gpu:
+                raise StoreError(f"{p} holds rows measured on {theirs!r}, and this machine is {provenance.gpu!r}: "
+                                 f"write into that GPU's own folder (data/{provenance.gpu}/...)")
+        if folder.name in manifest.TABLE_DIRS and (folder.parent / manifest.MANIFEST_NAME).is_file():
+            theirs = manifest.load(folder.parent).get("gpu")
+            if theirs != provenance.gpu:
+                raise StoreError(f"{folder.parent} is the database of GPU {theirs!r} (its manifest), and this machine "
+                                 f"is {provenance.gpu!r}: write into data/{provenance.gpu}/{folder.name}")
         self._recover()
 
     def close(self) -> None:
@@ -159,8 +180,9 @@ class ChunkedStore:
         keys: set[tuple[Any, ...]] = set()
         for p in sorted(self.folder.glob("*.parquet")):  # every campaign: a point is measured once
             cols = list(self.key_columns) + (["status"] if ok_only else [])
-            t = read_columns(p, cols).to_pydict()
-            rows = zip(*(t[c] for c in cols), strict=True)
+            t = read_columns(p, cols + self._gpu_column).to_pydict()
+            rows = (r for r, mine in zip(zip(*(t[c] for c in cols), strict=True), self._mine(t), strict=True)
+                    if mine)
             if ok_only:
                 keys.update(r[:-1] for r in rows if r[-1] == "ok")
             else:
@@ -168,6 +190,18 @@ class ChunkedStore:
         for r in self.buffer:
             keys.add(tuple(r[c] for c in self.key_columns))
         return keys
+
+    @property
+    def _gpu_column(self) -> list[str]:
+        return ["gpu"] if "gpu" in self.schema.names and "gpu" not in self.key_columns else []
+
+    def _mine(self, t: dict[str, list[Any]]) -> list[bool]:
+        """Which rows this machine's GPU measured: a folder of validation runs holds every GPU's, and another
+        GPU's run of a case neither counts as done here nor is replaced by this one."""
+        n = len(next(iter(t.values()), []))
+        if not self._gpu_column:
+            return [True] * n
+        return [g is None or g == self.provenance.gpu for g in t["gpu"]]  # None: a file from before the column
 
     def append(self, row: dict[str, Any]) -> None:
         with self.journal.open("a") as f:
@@ -195,8 +229,9 @@ class ChunkedStore:
         changed = []
         for p in sorted(self.folder.glob("*.parquet")):
             cols = list(self.key_columns)
-            t = read_columns(p, cols)
-            hit = [tuple(x) in keys for x in zip(*(t.column(c).to_pylist() for c in cols), strict=True)]
+            t = read_columns(p, cols + self._gpu_column).to_pydict()
+            hit = [tuple(x) in keys and mine
+                   for x, mine in zip(zip(*(t[c] for c in cols), strict=True), self._mine(t), strict=True)]
             if not any(hit):
                 continue
             full = pq.read_table(p)

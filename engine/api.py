@@ -12,14 +12,17 @@ Every refusal (bad input, data it will not read) is a `TpQueryError` with a one-
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tp_query.schema.messages import TpQueryError
-from tp_query.schema.model_config import ConfigError, load_model_file
+from tp_query.schema.model_config import ConfigError, load_model_file, plain_model
 from tp_query.schema.precision import Setting
 
+from .dbcache import DB_ENV, is_remote
+from .engine import ENGINE_LOCK
 from .parallel import ParallelConfig
 from .predict import Engine, PredictError, Prediction, PredictRequest
 from .request import parse_setting
@@ -33,11 +36,18 @@ _ENGINES: dict[tuple[str, str | None, str | None], Engine] = {}
 
 
 def engine(gpu: str = "h200", db: str | None = None, torch_version: str | None = None) -> Engine:
-    """A shared engine per (GPU, database, software stack): graphs and lookups are reused across calls."""
-    key = (gpu, db, torch_version)
-    if key not in _ENGINES:
-        _ENGINES[key] = Engine(gpu, db, torch_version=torch_version)
-    return _ENGINES[key]
+    """A shared engine per (GPU, database, software stack): graphs and lookups are reused across calls. The
+    database is the one the call names now: a relative folder from the current directory, none given
+    $TP_QUERY_DB as it is set now (a changed one, or another directory, is another engine)."""
+    gpu, db, torch_version = _where(gpu, db, torch_version)
+    where = db if db is not None else os.environ.get(DB_ENV) or None
+    if where is not None and not is_remote(where):
+        where = str(Path(where).expanduser().absolute())
+    key = (gpu.strip().lower(), where, torch_version)
+    with ENGINE_LOCK:
+        if key not in _ENGINES:
+            _ENGINES[key] = Engine(gpu, where, torch_version=torch_version)
+        return _ENGINES[key]
 
 
 def _model(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -46,9 +56,15 @@ def _model(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
     if not isinstance(model, str | Path | dict):
         raise ConfigError(f"model must be a path or a config dict, got {type(model).__name__}")
     if isinstance(model, dict):
-        return model, str(model.get("_name_or_path") or model.get("model_type") or "model")
+        cfg = plain_model(model)
+        return cfg, str(cfg.get("_name_or_path") or cfg.get("model_type") or "model")
     p = Path(model)
     return load_model_file(p), (p.parent.name if p.name == "config.json" else p.stem)
+
+
+def _plain(v: Any) -> Any:
+    """A numpy scalar as the Python number it holds (the README's promise for every numeric argument)."""
+    return v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") and not getattr(v, "shape", ()) else v
 
 
 def _where(gpu: Any, db: Any, torch_version: Any, error: type[TpQueryError] = PredictError
@@ -92,8 +108,8 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
     else:
         par = ParallelConfig(**split)  # type: ignore[arg-type]
     req = PredictRequest(model=cfg, model_name=name, gpu=gpu, setting=parse_setting(precision), parallel=par,
-                         seq_len=seq_len, optimizer=optimizer, strict=strict, db_root=db,
-                         moe_imbalance=moe_imbalance, torch_version=torch_version)
+                         seq_len=_plain(seq_len), optimizer=optimizer, strict=strict, db_root=db,
+                         moe_imbalance=_plain(moe_imbalance), torch_version=torch_version)
     return engine(gpu, db, torch_version).predict(req, with_ops=with_ops, host_range=True)
 
 
@@ -103,7 +119,10 @@ def _distinct(what: str, values: Any, parse: Callable[[Any], Any]) -> tuple[Any,
         raise SearchError(f"{what} must be a list, got {values!r}"[:200])
     if not values:
         raise SearchError(f"{what} is empty: give at least one")
-    return tuple(dict.fromkeys(parse(v) for v in values))
+    parsed = [parse(v) for v in values]
+    if any(isinstance(v, list | dict | set) for v in parsed):
+        raise SearchError(f"{what} must be a list of single values, got {values!r}"[:200])
+    return tuple(dict.fromkeys(parsed))
 
 
 def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, seq_len: int = 4096,
@@ -118,16 +137,22 @@ def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, 
     cfg, name = _model(model)
     if price_per_gpu_hour is not None and tokens is None:
         raise SearchError("price_per_gpu_hour prices a job: give tokens= too (job hours = tokens / tokens per second)")
-    space = SearchSpace(gpus, global_batch, seq_len, _distinct("precisions", precisions, parse_setting),
-                        _distinct("micro_batches", micro_batches, lambda m: m),
+    space = SearchSpace(_plain(gpus), _plain(global_batch), _plain(seq_len),
+                        _distinct("precisions", precisions, parse_setting),
+                        _distinct("micro_batches", micro_batches, _plain),
                         optimizer=optimizer, framework=framework)
-    return _search(engine(gpu, db, torch_version), cfg, space, tokens, price_per_gpu_hour, name, jobs=jobs)
+    eng = engine(gpu, db, torch_version)
+    with ENGINE_LOCK:  # the planner's evaluation fills the engine's caches in the calling thread
+        return _search(eng, cfg, space, _plain(tokens), _plain(price_per_gpu_hour), name, jobs=_plain(jobs))
 
 
 def prediction_frame(p: Prediction) -> Any:
     """One prediction's per-operator rows as a Polars frame (predict(..., with_ops=True))."""
     import polars as pl
 
+    if not isinstance(p, Prediction):
+        raise PredictError(f"prediction_frame takes a Prediction (from predict(..., with_ops=True)), got "
+                           f"{type(p).__name__}")
     if not p.ops:  # an empty frame would read as a step of no operators
         raise PredictError("this prediction carries no operator rows: call predict(..., with_ops=True)")
     return pl.DataFrame([r.__dict__ for r in p.ops])

@@ -46,6 +46,13 @@ class UserError(Exception):
     """A one-line error for the user."""
 
 
+def _gpu_key(gpu: str) -> str:
+    """A --gpu value as the database folder names it (raises UnknownGpu, one line, for a GPU the project lacks)."""
+    from tp_query.schema.gpus import gpu_spec
+
+    return gpu_spec(gpu).name
+
+
 def _fail(msg: str) -> None:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(2)
@@ -333,6 +340,8 @@ def sql(
     from tp_query.engine.report import arrow_table_text
 
     def go() -> None:
+        nonlocal gpu
+        gpu = _gpu_key(gpu)  # H100 as h100; an unknown name refused as predict refuses it
         if fmt not in ("table", "csv", "json"):
             raise UserError(f"--format must be table, csv or json, got {fmt!r}")
         if limit is not None and limit < 1:
@@ -400,6 +409,8 @@ def db_verify(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
     from tp_query.engine.db import Database
 
     def go() -> None:
+        nonlocal gpu
+        gpu = _gpu_key(gpu)  # H100 as h100; an unknown name refused as predict refuses it
         from tp_query.engine.snapshot import check
 
         d = Database(gpu, db)
@@ -422,6 +433,8 @@ def db_path(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
     from tp_query.engine.db import default_root
 
     def go() -> None:
+        nonlocal gpu
+        gpu = _gpu_key(gpu)  # H100 as h100; an unknown name refused as predict refuses it
         root = db or default_root()
         where = f"{str(root).rstrip('/')}/{gpu}"
         from tp_query.engine.db import is_remote, missing_database
@@ -446,6 +459,8 @@ def db_manifest(
     from tp_query.schema import manifest
 
     def go() -> None:
+        nonlocal gpu
+        gpu = _gpu_key(gpu)  # H100 as h100; an unknown name refused as predict refuses it
         base = Path(root or default_root()) / gpu
         if not base.is_dir():
             raise UserError(f"no database folder {base}")
@@ -477,6 +492,8 @@ def db_info(gpu: GpuOpt = "h200", db: DbOpt = None,
     from tp_query.engine.report import db_info_text
 
     def go() -> None:
+        nonlocal gpu
+        gpu = _gpu_key(gpu)  # H100 as h100; an unknown name refused as predict refuses it
         d = Database(gpu, db)
         info = d.info()
         rep = d.sql("SELECT count(*) AS n, median(rel_diff) AS median_rel_diff, quantile_cont(rel_diff, 0.9) AS "

@@ -3,9 +3,12 @@ and the caches a planner shares across predictions (graphs, composers, costed se
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from tp_query.schema.gpus import GpuSpec, gpu_spec
 from tp_query.schema.messages import first_line
@@ -35,9 +38,28 @@ from .request import (
 from .schedule import SectionSummary
 from .segments import Segment, SegmentCache
 
+# One prediction at a time in a process: tracing sets process-wide state (torch.library overrides, autocast's
+# cache, transformers' lazy imports) and the engines' caches are filled in several steps; threads that
+# interleaved them got other requests' numbers, and kept them in the graph cache on disk. The work is Python
+# under the GIL, so holding the lock costs a threaded caller nothing it had.
+ENGINE_LOCK = threading.RLock()
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _serialised(f: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(f)
+    def locked(*a: P.args, **k: P.kwargs) -> R:
+        with ENGINE_LOCK:
+            return f(*a, **k)
+    return locked
+
 
 class Engine:
-    """Holds the database connection and caches shared across predictions (search reuses it)."""
+    """Holds the database connection and caches shared across predictions (search reuses it); safe to call from
+    several threads (one request at a time)."""
 
     def __init__(self, gpu: str = "h200", db_root: str | None = None, system: SystemSpec | None = None,
                  torch_version: str | None = None) -> None:
@@ -96,6 +118,7 @@ class Engine:
             self._costed = CostedGraphs(self)
         return self._costed
 
+    @_serialised
     def graph(self, req: PredictRequest, full: bool = False) -> Graph:
         """The graph of a request, kept in memory (search asks for the same ones often): its costed form from the
         costed-graph cache where one was kept (the optimizer step its only operators, the sections' operator
@@ -186,6 +209,7 @@ class Engine:
     def _optional_table(self, view: str) -> list[dict[str, Any]]:
         return self.db.optional_table(view)
 
+    @_serialised
     def predict(self, req: PredictRequest, graph: Graph | None = None, with_ops: bool = False,
                 host_range: bool = False) -> Prediction:
         """host_range: also evaluate under the fastest measured host instance and say so when it differs
@@ -199,6 +223,7 @@ class Engine:
             self._framework_on[machine] = self.framework.on(machine)
         return self._framework_on[machine]
 
+    @_serialised
     def assemble(self, req: PredictRequest, graph: Graph | None = None, with_ops: bool = False,
                  host_machine: str | None = None) -> Assembled:
         """The raw material of a prediction, to evaluate under several host models (calibration); with

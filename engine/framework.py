@@ -682,6 +682,8 @@ def pipeline_time(fwd_us: list[float], bwd_us: list[float], pp: int, m: int, sch
         return m * (fwd_us[0] + bwd_us[0])
     if schedule == PipeSchedule.ONE_F_ONE_B and m > pp and 2 * pp * m > ONE_F_ONE_B_PERIODIC_ACTIONS:
         return _one_f_one_b_periodic(tuple(fwd_us), tuple(bwd_us), pp, m, p2p_us)
+    if schedule == PipeSchedule.GPIPE and 2 * pp * m > ONE_F_ONE_B_PERIODIC_ACTIONS:
+        return _gpipe_longest_path(tuple(fwd_us), tuple(bwd_us), pp, m, p2p_us)
     return _pipeline_time(tuple(fwd_us), tuple(bwd_us), pp, m, schedule, p2p_us)
 
 
@@ -755,6 +757,31 @@ def _one_f_one_b_periodic(fwd_us: tuple[float, ...], bwd_us: tuple[float, ...], 
                 f_last[r] = c
             clock[r] = c
     return max(clock)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gpipe_longest_path(fwd_us: tuple[float, ...], bwd_us: tuple[float, ...], pp: int, m: int, p2p_us: float
+                        ) -> float:
+    """GPipe's event simulation (`_pipeline_time`) as the longest path through its grid of actions, in O(pp^2)
+    whatever m (the simulation's 2 pp m actions took minutes and gigabytes at a million micro-batches). Forward:
+    F(i) on rank r waits for the rank's F(i - 1) and rank r - 1's F(i) plus a transfer, so rank r's last forward
+    ends at sum(f[0..r]) + r p2p + (m - 1) max(f[0..r]) (every step to the next micro-batch is taken on the
+    slowest rank of the path). Backward: B(i) on rank r waits for the rank's B(i - 1) (its last forward before
+    B(0)) and rank r + 1's B(i) plus a transfer; a path enters at some rank q >= r from q's last forward, so
+    rank r ends at the largest over q of that start + sum(b[r..q]) + (q - r) p2p + (m - 1) max(b[r..q])."""
+    fwd_end, run, top = [], 0.0, 0.0
+    for r in range(pp):
+        run += fwd_us[r]
+        top = max(top, fwd_us[r])
+        fwd_end.append(run + r * p2p_us + (m - 1) * top)
+    out = 0.0
+    for r in range(pp):
+        run = top = 0.0
+        for q in range(r, pp):
+            run += bwd_us[q]
+            top = max(top, bwd_us[q])
+            out = max(out, fwd_end[q] + run + (q - r) * p2p_us + (m - 1) * top)
+    return out
 
 
 @functools.lru_cache(maxsize=4096)

@@ -121,6 +121,7 @@ class Assembled(StepSchedule):
                                  "host cost the median over the instances)")
         host_share = breakdown["host_overhead_ms"] * 1e3 / total_us if total_us else 0.0
         extras = [e.source for e in self.host_extras if e.source != "none"]
+        self.warnings += self._unmeasured_framework(breakdown)
         group = max(par.dp, par.tp) if par.framework == Framework.TORCH else par.dp
         measured_at = max([e.measured_ranks for e in self.host_extras] + [self.interference().measured_ranks])
         if 0 < measured_at < group:
@@ -191,6 +192,32 @@ class Assembled(StepSchedule):
             ops=self._op_rows(op_rows) if self.with_ops else [], **flops,
             sections=self._section_rows(crit, per_stage[crit]),
         )
+
+    def _unmeasured_framework(self, breakdown: dict[str, float]) -> list[str]:
+        """What this database's framework tables leave unpriced for this split, said (and refused under --strict):
+        an operator database alone (`make collect`) has no host costs of the framework's hooks and dispatch, and
+        no interference of collectives with compute, and the step would come out fast without a word."""
+        par, out = self.par, []
+        kinds = [k for k, on in (("DTensor TP dispatch" if par.framework == Framework.TORCH else "TP", par.tp > 1),
+                                 ("data-parallel hooks", par.dp > 1)) if on]
+        missing = [k for k, e in zip(kinds, self.host_extras, strict=False) if e.source == "none"]
+        where = f"{self.eng.db.root}/{self.eng.gpu.name}/framework"
+        if missing and par.framework == Framework.TORCH:
+            out.append(f"host costs of {' and '.join(missing)} are not measured in this database ({where}): not "
+                       f"priced (host-bound splits come out fast; `make validate-dist GPU={self.eng.gpu.name}` "
+                       "measures them)")
+        if not self.fw.per_op_host_us(self._host_setting()):
+            h = self.eng.host
+            out.append(f"eager host cost per operator not measured in this database ({where}): the host model's "
+                       f"constants stand for it ({h.fwd_us:g}/{h.bwd_us:g}/{h.opt_us:g} us forward/backward/optimizer, "
+                       f"from {self.eng.calibration_source})")
+        comm_ms = sum(v for k, v in breakdown.items() if k in ("tp_comm_ms", "dp_comm_ms", "ep_comm_ms"))
+        if comm_ms > 0 and self.interference().source == "none":
+            out.append("compute-communication interference is not measured in this database "
+                       f"({self.eng.db.root}/{self.eng.gpu.name}/overlap): collectives and compute overlap freely")
+        if out and self.req.strict:
+            raise PredictError("--strict: " + out[0])
+        return out
 
     def memories(self) -> list[MemoryBreakdown]:
         """Each stage's memory; stages of one kind differ only in the micro-batches they hold in flight, so each

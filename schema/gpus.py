@@ -14,7 +14,9 @@ from .precision import Precision
 @dataclass(frozen=True)
 class GpuSpec:
     name: str  # normalised key used for data/<name>/
-    nvml_names: tuple[str, ...]  # substrings of NVML's device name that identify it
+    # NVML's device names of exactly this part (one memory size and form factor: the figures below are its own);
+    # another part of the same chip (GH200, H100 PCIe/NVL, A100 40 GB) is a GPU the project does not know
+    nvml_names: tuple[str, ...]
     memory_bytes: int
     context_bytes: int  # CUDA context + cuBLAS/cuDNN workspaces outside the caching allocator
     l2_bytes: int
@@ -29,7 +31,7 @@ class GpuSpec:
 
 
 H200 = GpuSpec(
-    name="h200", nvml_names=("H200",), memory_bytes=143771 * 2**20, context_bytes=600 * 2**20,
+    name="h200", nvml_names=("NVIDIA H200",), memory_bytes=143771 * 2**20, context_bytes=600 * 2**20,
     l2_bytes=60 * 2**20, hbm_bytes_per_s=4.3e12,
     peak_flops={Precision.FP32: 51e12, Precision.TF32: 377e12, Precision.FP16: 754e12, Precision.BF16: 776e12,
                 Precision.FP8: 1500e12, Precision.INT: 51e12},
@@ -39,7 +41,7 @@ H200 = GpuSpec(
                      Precision.BF16: 989.4e12, Precision.FP8: 1978.9e12, Precision.INT: 66.9e12},
 )
 H100 = GpuSpec(
-    name="h100", nvml_names=("H100",), memory_bytes=81559 * 2**20, context_bytes=600 * 2**20,
+    name="h100", nvml_names=("NVIDIA H100 80GB HBM3",), memory_bytes=81559 * 2**20, context_bytes=600 * 2**20,
     l2_bytes=50 * 2**20, hbm_bytes_per_s=3.0e12,
     peak_flops={Precision.FP32: 51e12, Precision.TF32: 377e12, Precision.FP16: 754e12, Precision.BF16: 776e12,
                 Precision.FP8: 1500e12, Precision.INT: 51e12},
@@ -48,7 +50,7 @@ H100 = GpuSpec(
                      Precision.BF16: 989.4e12, Precision.FP8: 1978.9e12, Precision.INT: 66.9e12},
 )
 A100 = GpuSpec(
-    name="a100", nvml_names=("A100",), memory_bytes=81920 * 2**20, context_bytes=500 * 2**20,
+    name="a100", nvml_names=("NVIDIA A100-SXM4-80GB",), memory_bytes=81920 * 2**20, context_bytes=500 * 2**20,
     l2_bytes=40 * 2**20, hbm_bytes_per_s=1.8e12,
     peak_flops={Precision.FP32: 19e12, Precision.TF32: 140e12, Precision.FP16: 280e12, Precision.BF16: 280e12,
                 Precision.FP8: 280e12, Precision.INT: 19e12},
@@ -78,11 +80,19 @@ def gpu_spec(name: str) -> GpuSpec:
 
 
 def normalise_nvml_name(nvml_name: str) -> str | None:
-    """"NVIDIA H200" -> "h200"; None when the device is not one we know."""
+    """"NVIDIA H200" -> "h200"; None when the device is not one we know. The whole name must match (case and runs
+    of spaces aside): "NVIDIA GH200 480GB" is no H200 (96 GB, another power limit) and "NVIDIA H100 PCIe" no SXM
+    H100, and a database of one would be priced with the other's capacity and peaks."""
+    key = " ".join(nvml_name.split()).casefold()
     for g in GPUS.values():
-        if any(s in nvml_name for s in g.nvml_names):
+        if any(key == " ".join(n.split()).casefold() for n in g.nvml_names):
             return g.name
     return None
+
+
+def known_nvml_names() -> str:
+    """The device names the project knows, for a refusal."""
+    return ", ".join(f"{n} ({g.name})" for g in GPUS.values() for n in g.nvml_names)
 
 
 def bus_factor(collective: str, ranks: int) -> float:

@@ -80,6 +80,8 @@ def record(root: Path, rel_paths: list[str], gpu: str) -> None:
     """Add or refresh entries (the caller holds the folder lock); entries of deleted files are dropped."""
     p = root / MANIFEST_NAME
     m: dict[str, Any] = load(root) if p.is_file() else {"format": MANIFEST_FORMAT, "gpu": gpu, "files": {}}
+    if m.get("gpu") != gpu:  # another GPU's rows would be recorded as this database's own
+        raise ManifestError(f"{p} describes GPU {m.get('gpu')!r}; files measured on {gpu!r} are not recorded in it")
     for rel in rel_paths:
         f = root / rel
         if f.is_file():

@@ -986,6 +986,35 @@ def load_model_file(path: str | Path) -> dict[str, Any]:
     return obj
 
 
+def plain_model(obj: dict[str, Any], where: str = "the model dict") -> dict[str, Any]:
+    """A caller's config (or graph) dict as a JSON file of it would read: numpy scalars as the numbers they hold,
+    keys as JSON text, and what a file cannot hold (NaN, an integer of thousands of digits, a cycle, objects,
+    nesting past the parser's depth, two keys of one text) refused in one line. The copy is the caller's no more."""
+    def plain(o: Any) -> Any:
+        if type(o).__module__ == "numpy" and hasattr(o, "item") and not getattr(o, "shape", ()):
+            return o.item()
+        raise TypeError(f"a {type(o).__name__} is no JSON value")
+
+    try:
+        text = json.dumps(obj, allow_nan=False, default=plain)
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply") from None
+    except (TypeError, ValueError) as e:
+        why = "an integer of thousands of digits, no model's" if "digits" in str(e) else first_line(e)
+        raise ConfigError(f"{where}: {why}") from None
+    if len(text) > MAX_GRAPH_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_GRAPH_BYTES >> 20} MiB as JSON, not a model")
+    try:
+        hook = None if str(obj.get("format", "")).startswith("tp-query-graph") else _unique_keys
+        out = json.loads(text, object_pairs_hook=hook)
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply") from None
+    except ValueError as e:
+        raise ConfigError(f"{where}: {first_line(e)}") from None
+    assert isinstance(out, dict)
+    return out
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object whose keys appear once: a config that sets one twice has no single meaning (json keeps the
     last silently)."""

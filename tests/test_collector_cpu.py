@@ -152,6 +152,32 @@ def test_gpu_name_checks(tmp_path: Path, gpu: str, msg: str) -> None:
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("nvml, key", [
+    ("NVIDIA H200", "h200"), ("NVIDIA  h200 ", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GH200 480GB", None), ("NVIDIA H200 NVL", None),
+    ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None), ("NVIDIA A100-SXM4-40GB", None),
+    ("NVIDIA A100 80GB PCIe", None)])
+def test_a_gpu_is_its_whole_device_name(nvml: str, key: str | None) -> None:
+    """Each GPU spec is one part (its capacity, peaks and links): another part of the same chip is not it, so
+    the collector cannot fill data/h200 from a GH200 nor data/h100 from an H100 PCIe."""
+    from tp_query.collector.device import Device, DeviceError
+    from tp_query.schema.gpus import normalise_nvml_name
+
+    assert normalise_nvml_name(nvml) == key
+
+    class Named(Device):
+        name = nvml  # type: ignore[assignment]
+
+    dev = Named(cpu=True)
+    dev.cpu = False
+    wanted = key or ("h200" if "H200" in nvml else "h100" if "H100" in nvml else "a100")
+    if key:
+        dev.check_matches(wanted)
+    else:
+        with pytest.raises(DeviceError, match="not a part the project knows"):
+            dev.check_matches(wanted)
+
+
 def test_signature_file_roundtrip(tmp_path: Path) -> None:
     pts = grid_points(kinds={"mm"}, tiny=3)
     f = tmp_path / "s.jsonl"
@@ -284,3 +310,53 @@ def test_routed_points_zero_each_tokens_row_outside_its_expert() -> None:
     # its own points: a selection beside it would be dropped, so it is refused
     r = run_collector("collect", "--gpu", "cpu", "--grid", "--kinds", "bmm", "--operands", "routed", "--plan-only")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--operands routed" in r.stderr
+
+
+def test_a_database_of_another_gpu_is_not_written_into(tmp_path: Path) -> None:
+    """The collector refuses an output folder whose database (manifest) or rows belong to another GPU: they
+    would count as measured here, and the manifest would record them as that GPU's."""
+    from tp_query.schema import manifest
+
+    root = tmp_path / "h100"
+    (root / "ops").mkdir(parents=True)
+    manifest.adopt(root, "h100")
+    r = run_collector("collect", "--gpu", "cpu", "--grid", "--tiny", "1", "--kinds", "mm", "--timer", "closed-form",
+                      "--out", str(root / "ops"))
+    assert r.returncode == 2 and "database of GPU 'h100'" in r.stderr and "Traceback" not in r.stderr
+    assert not list((root / "ops").glob("*.parquet"))
+
+    mine = tmp_path / "cpu" / "ops"
+    args = ("collect", "--gpu", "cpu", "--grid", "--tiny", "1", "--kinds", "mm", "--timer", "closed-form",
+            "--out", str(mine))
+    assert run_collector(*args).returncode == 0
+    (f,) = sorted(mine.glob("*.parquet"))
+    t = pq.read_table(f)
+    meta = dict(t.schema.metadata)
+    prov = json.loads(meta[b"tp_query"])
+    meta[b"tp_query"] = json.dumps({**prov, "gpu": "h100"}).encode()
+    pq.write_table(t.replace_schema_metadata(meta), f)
+    r = run_collector(*args)
+    assert r.returncode == 2 and "measured on 'h100'" in r.stderr
+
+
+def test_validation_runs_of_another_gpu_are_neither_done_nor_replaced(tmp_path: Path) -> None:
+    """A validation folder holds every GPU's runs of the same cases: another GPU's run of a case does not count
+    as this machine's, and this machine's run does not replace it."""
+    from tp_query.collector.store import write_table
+    from tp_query.schema.tables import VALIDATION_SCHEMA, Provenance
+
+    theirs = Provenance(gpu="h100", gpu_name="NVIDIA H100 80GB HBM3", driver="x", cuda="x", torch="x", cudnn="x")
+    ours = Provenance(gpu="cpu", gpu_name="cpu", driver="n/a", cuda="n/a", torch="x", cudnn="n/a")
+    folder = tmp_path / "validation"
+    folder.mkdir()
+    write_table(folder / "validation-00000.parquet", [{"case_id": "c1", "gpu": "h100", "status": "ok"}],
+                VALIDATION_SCHEMA, theirs)
+    store = ChunkedStore(folder, "validation", VALIDATION_SCHEMA, ours, key_columns=("case_id",))
+    assert ("c1",) not in store.done_keys()
+    store.append({"case_id": "c1", "gpu": "cpu", "status": "ok"})
+    store.close()
+    rows = [r for p in sorted(folder.glob("*.parquet")) for r in pq.read_table(p).to_pylist()]
+    assert sorted((r["case_id"], r["gpu"]) for r in rows) == [("c1", "cpu"), ("c1", "h100")]
+    again = ChunkedStore(folder, "validation", VALIDATION_SCHEMA, ours, key_columns=("case_id",))
+    assert ("c1",) in again.done_keys()
+    again.close()

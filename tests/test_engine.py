@@ -496,3 +496,29 @@ def test_megatron_pp_all_reduces_the_tied_embeddings_gradient(eng: Engine) -> No
     tp = dict(pp=2, global_batch=4, setting=Setting.BF16)
     assert eng.predict(req(model=tied, **tp)).breakdown["pp_comm_ms"] == pytest.approx(
         eng.predict(req(model=untied, **tp)).breakdown["pp_comm_ms"], rel=1e-9)
+
+
+def test_an_operator_database_alone_says_what_it_leaves_unpriced(tmp_path: Path) -> None:
+    """A database of operators alone (what `make collect` writes: no framework/ nor overlap/ tables) cannot price
+    DTensor's dispatch, the data-parallel hooks or the interference of collectives: the answer says so (it was
+    39% faster than with them, without a word) and --strict refuses it; the shipped database says none of it."""
+    from tp_query.schema import manifest
+
+    from .conftest import run_cli
+
+    root = Path(__file__).resolve().parents[1]
+    db = tmp_path / "db"
+    shutil.copytree(root / "data" / "h200", db / "h200", ignore=shutil.ignore_patterns("framework", "overlap",
+                                                                                       "snapshot.json.gz"))
+    manifest.adopt(db / "h200", "h200")
+    model = str(root / "examples" / "llama3.1-8b.json")
+    args = ("predict", model, "--gpu", "h200", "--dp", "2", "--tp", "2")
+    r = run_cli(*args, "--db", str(db))
+    assert r.returncode == 0, r.stderr
+    assert "host costs of DTensor TP dispatch and data-parallel hooks are not measured" in r.stdout
+    assert "eager host cost per operator not measured" in r.stdout
+    assert "interference is not measured" in r.stdout
+    r = run_cli(*args, "--db", str(db), "--strict")
+    assert r.returncode == 2 and "--strict: host costs of DTensor TP dispatch" in r.stderr
+    shipped = run_cli(*args)
+    assert shipped.returncode == 0 and "not measured in this database" not in shipped.stdout

@@ -229,6 +229,9 @@ BAD_INPUTS: list[tuple[str, object]] = [
                                          "--precision", "int8"]),
     ("report_out_json", lambda f: ["report", "--out", "/tmp/tpq-report.json"]),  # its .json beside it overwrote it
     ("db_path_unknown_gpu", lambda f: ["db", "path", "--gpu", "nosuch"]),
+    ("db_verify_unknown_gpu", lambda f: ["db", "verify", "--gpu", "b200"]),
+    ("db_info_unknown_gpu", lambda f: ["db", "info", "--gpu", "b200"]),
+    ("sql_unknown_gpu", lambda f: ["sql", "SELECT 1", "--gpu", "b200"]),
     ("report_calibration_without_fit", lambda f: ["report", "--no-fit", "--calibration-out", "/tmp/tpq-cal.json",
                                                   "--out", "/tmp/tpq-report.md"]),
     ("plot_breakdown_kind", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o", "/tmp/tpq-b.svg",
@@ -264,6 +267,16 @@ def test_megatron_refuses_what_its_local_spec_is_not_modelled_with(files: dict[s
     line says so): a config asking for more was predicted without it, and the parameter count disagreed."""
     r = _cli(_predict(files, name, "--framework", "megatron", "--precision", "mp_bf16"))
     assert r.returncode == 2 and said in r.stderr, r.stderr[-400:]
+
+
+def test_db_commands_read_a_gpu_name_as_predict_does() -> None:
+    """`--gpu H200` names the h200 database in the db commands and sql too, as predict reads it (they said there
+    was no database 'H200'), and an unknown GPU is that, not a missing database."""
+    for args in (["db", "path"], ["db", "verify"], ["sql", "SELECT count(*) AS n FROM ops"]):
+        r = _cli([*args, "--gpu", "H200"])
+        assert r.returncode == 0, (args, r.stderr)
+    r = _cli(["db", "path", "--gpu", "B200"])
+    assert r.returncode == 2 and "unknown GPU 'B200'" in r.stderr
 
 
 def test_graph_files_without_a_step_are_refused(tmp_path: Path) -> None:

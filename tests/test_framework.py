@@ -11,6 +11,7 @@ from tp_query.engine.framework import (
     PipeSchedule,
     StageShape,
     Timeline,
+    _gpipe_longest_path,
     _one_f_one_b_periodic,
     ddp_buckets,
     ddp_overhead,
@@ -216,6 +217,24 @@ def test_one_f_one_b_through_its_steady_state_equals_the_event_simulation(pp: in
         assert _one_f_one_b_periodic(fwd2, bwd, pp, m, 150.0) == pytest.approx(want2, rel=1e-12)
     assert pipeline_time([1.0] * pp, [2.0] * pp, pp, m, PipeSchedule.ONE_F_ONE_B, 0.0) == \
         pytest.approx((m + pp - 1) * 3.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("pp, m", [(2, 1), (2, 300), (3, 4), (4, 64), (5, 37), (8, 9), (8, 128), (16, 40)])
+def test_gpipe_as_its_longest_path_equals_the_event_simulation(pp: int, m: int) -> None:
+    """Long GPipe schedules are timed as the longest path through their grid of actions in O(pp^2); that must equal
+    the event simulation (to float rounding), with uneven stages, a bottleneck and transfers larger than a stage,
+    and a million micro-batches must take no time (the simulation took minutes and gigabytes)."""
+    rng = np.random.default_rng(pp * 977 + m)
+    for _ in range(3):
+        fwd, bwd = tuple(rng.uniform(1, 100, pp)), tuple(rng.uniform(1, 200, pp))
+        p2p = float(rng.uniform(0, 30))
+        want = _simulated(list(fwd), list(bwd), pp, m, PipeSchedule.GPIPE, p2p)
+        assert _gpipe_longest_path(fwd, bwd, pp, m, p2p) == pytest.approx(want, rel=1e-12)
+        bwd2 = tuple(x * (5.0 if k == pp // 2 else 1.0) for k, x in enumerate(bwd))
+        want2 = _simulated(list(fwd), list(bwd2), pp, m, PipeSchedule.GPIPE, 150.0)
+        assert _gpipe_longest_path(fwd, bwd2, pp, m, 150.0) == pytest.approx(want2, rel=1e-12)
+    assert pipeline_time([1.0] * pp, [2.0] * pp, pp, 1 << 20, PipeSchedule.GPIPE, 0.0) == \
+        pytest.approx(((1 << 20) + pp - 1) * 3.0, rel=1e-12)
 
 
 def test_interleaving_shrinks_the_bubble_of_balanced_stages() -> None:

@@ -201,6 +201,90 @@ def test_api_inputs_are_checked_not_coerced(cpu_db: Path, tiny_llama_file: Path)
     assert best.row()["source_exact"] == best.sources["exact"]
 
 
+def test_api_config_dicts_read_as_their_json_would(cpu_db: Path) -> None:
+    """A config dict is read as its JSON file would be: numpy numbers as the values they hold, and what no file can
+    hold (NaN, a cycle, an integer of thousands of digits, nesting past any config) one TpQueryError, not a raw
+    ValueError or RecursionError from the graph key; list options of lists and the helpers' wrong arguments too."""
+    import numpy as np
+    from tp_query.engine.api import TpQueryError, engine, prediction_frame
+
+    kw = dict(gpu="cpu", db=str(cpu_db), seq_len=64)
+    base = api_predict(dict(TINY_LLAMA), **kw)  # type: ignore[arg-type]
+    as_numpy = {**TINY_LLAMA, "num_hidden_layers": np.int64(TINY_LLAMA["num_hidden_layers"]),
+                "tie_word_embeddings": np.bool_(bool(TINY_LLAMA.get("tie_word_embeddings", False)))}
+    assert api_predict(as_numpy, **kw).iteration_ms == base.iteration_ms  # type: ignore[arg-type]
+    assert api_predict(dict(TINY_LLAMA), **{**kw, "seq_len": np.int64(64)}).iteration_ms == base.iteration_ms
+    cyclic: dict[str, object] = dict(TINY_LLAMA)
+    cyclic["self"] = cyclic
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    for cfg, msg in (({**TINY_LLAMA, "x": float("nan")}, "Out of range"), (cyclic, "Circular"),
+                     ({**TINY_LLAMA, "x": 10**5000}, "thousands of digits"), ({**TINY_LLAMA, "x": deep}, "deeply"),
+                     ({**TINY_LLAMA, "x": object()}, "no JSON value")):
+        with pytest.raises(TpQueryError, match=msg):
+            api_predict(cfg, **kw)  # type: ignore[arg-type]
+    r = api_search(TINY_LLAMA, gpus=np.int64(2), global_batch=np.int64(2), seq_len=64, gpu="cpu", db=str(cpu_db),
+                   micro_batches=[np.int64(1)])  # type: ignore[arg-type]
+    assert r.ranked
+    with pytest.raises(TpQueryError, match="single values"):
+        api_search(TINY_LLAMA, gpus=2, global_batch=2, seq_len=64, gpu="cpu", db=str(cpu_db),
+                   micro_batches=[[1]])  # type: ignore[list-item]
+    with pytest.raises(TpQueryError, match="gpu="):
+        engine(None)  # type: ignore[arg-type]
+    with pytest.raises(TpQueryError, match="takes a Prediction"):
+        prediction_frame(None)  # type: ignore[arg-type]
+
+
+def test_api_engine_follows_the_database_named_now(cpu_db: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared engine is the database the call names now: $TP_QUERY_DB changed to a missing folder, or a
+    relative folder after a change of directory, is refused, not answered from the engine built before."""
+    from tp_query.engine.api import TpQueryError
+
+    monkeypatch.setenv("TP_QUERY_DB", str(cpu_db))
+    assert api_predict(dict(TINY_LLAMA), gpu="cpu", seq_len=64).iteration_ms > 0
+    monkeypatch.setenv("TP_QUERY_DB", str(tmp_path / "nowhere"))
+    with pytest.raises(TpQueryError):
+        api_predict(dict(TINY_LLAMA), gpu="cpu", seq_len=64)
+    monkeypatch.delenv("TP_QUERY_DB")
+    monkeypatch.chdir(cpu_db.parent)
+    assert api_predict(dict(TINY_LLAMA), gpu="cpu", db=cpu_db.name, seq_len=64).iteration_ms > 0
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TpQueryError):
+        api_predict(dict(TINY_LLAMA), gpu="cpu", db=cpu_db.name, seq_len=64)
+
+
+def test_api_predictions_from_threads_equal_one_at_a_time(tmp_path: Path) -> None:
+    """Eight threads asking at once from a fresh cache get the answers one thread gets (threads interleaving
+    tracing and the engine's caches got other requests' numbers, and kept them in the cache on disk)."""
+    code = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from tp_query.engine.api import predict
+m = sys.argv[1]
+cases = [dict(dp=2, tp=2), dict(dp=2), dict(tp=4, seq_len=2048), dict(pp=2, global_batch=4)] * 2
+if sys.argv[2] == "threads":
+    with ThreadPoolExecutor(8) as ex:
+        out = list(ex.map(lambda c: predict(m, **c).iteration_ms, cases))
+else:
+    out = [predict(m, **c).iteration_ms for c in cases]
+print(json.dumps(out))
+"""
+    model = str(Path(__file__).resolve().parents[1] / "examples" / "qwen3-4b.json")
+
+    def run(how: str, cache: str) -> list[float]:
+        env = {**os.environ, "TP_QUERY_CACHE": str(tmp_path / cache)}
+        r = subprocess.run([sys.executable, "-c", code, model, how], capture_output=True, text=True, env=env,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-800:]
+        return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    threaded = run("threads", "a")
+    assert threaded == run("serial", "b")
+    assert run("serial", "a") == threaded  # what the threads kept on disk answers the same
+
+
 def test_plots(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "b.svg"
     r = run_cli("plot", "breakdown", "--model", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db),
