@@ -337,6 +337,8 @@ def test_a_database_of_another_gpu_is_not_written_into(tmp_path: Path) -> None:
     pq.write_table(t.replace_schema_metadata(meta), f)
     r = run_collector(*args)
     assert r.returncode == 2 and "measured on 'h100'" in r.stderr
+    with pytest.raises(manifest.ManifestError, match="files measured on 'cpu' are not recorded"):
+        manifest.record(root, ["ops/x.parquet"], "cpu")
 
 
 def test_validation_runs_of_another_gpu_are_neither_done_nor_replaced(tmp_path: Path) -> None:
