@@ -193,8 +193,10 @@ class Composer:
         # interned: every stage-list key holds it, and hashing ~300 parameter records per lookup cost a search
         # more than the lookups themselves
         interned = self._stage_cache.setdefault(("param_keys",), {})
+        # the layer-to-template map is part of it: two DeepSeek cuts with the same traced parameters but another
+        # dense-first count name other parameters per model layer (the second crashed on the first's list)
         self.param_key = interned.setdefault((tuple(graph.params), tuple(o.sig for o in self.opt_records),
-                                              allow_tf32), len(interned))
+                                              allow_tf32, tuple(self.template_of)), len(interned))
         self.traced_numel = max(sum(p.numel for p in graph.params), 1)
 
     def part(self, phase: Phase, section: Section) -> list[Item]:

@@ -20,6 +20,12 @@ class PlanError(TpQueryError):
 # (2: reshard_after_forward=False, 3: True), with no ZeRO-1 (ZeroRedundancyOptimizer is not modelled);
 # Megatron-Core's DDP (0) and its distributed optimizer (1), which shards optimizer state only.
 STACK_ZERO_STAGES: dict[str, tuple[int, ...]] = {"torch": (0, 2, 3), "megatron": (0, 1)}
+# Megatron-Core MoE as modelled (engine/trace/megatron_local) and launched (`search --emit megatron`): the top-k
+# router's softmax over the chosen experts, aux-loss load balancing at the Mixtral recipes' coefficient, no input
+# jitter, the all-to-all token dispatcher (Megatron-LM's defaults are allgather and a coefficient of 0)
+MEGATRON_MOE_AUX_LOSS_COEFF = 1e-2
+MEGATRON_MOE_ARGS = ("--moe-router-load-balancing-type aux_loss "
+                     f"--moe-aux-loss-coeff {MEGATRON_MOE_AUX_LOSS_COEFF:g} --moe-token-dispatcher-type alltoall")
 
 
 @dataclass(frozen=True, kw_only=True)

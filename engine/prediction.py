@@ -16,6 +16,7 @@ from tp_query.schema.model_config import (
     ArchFamily,
     config_notes,
     family_label,
+    hf_class_defaults,
     with_depth_defaults,
 )
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
@@ -27,12 +28,29 @@ from .graph import Graph, Phase, Section
 from .hostsim import HostModel
 from .lookup import Source
 from .memory import MemoryBreakdown, stage_memory
-from .parallel import ParallelConfig, PlanError
+from .parallel import MEGATRON_MOE_ARGS, MEGATRON_MOE_AUX_LOSS_COEFF, ParallelConfig, PlanError
 from .request import OpRow, PredictError, Prediction
 from .schedule import StepSchedule
 from .segments import SOURCES, Segment
 
 HOST_SOURCE = "host-model"  # a source share: the exposed host time, from the host model
+
+
+def _megatron_router_note(cfg: dict[str, Any]) -> str:
+    """Megatron-Core's MoE router as priced, and the config's router keys it does not read (transformers' module
+    reads them; Megatron's are launch flags)."""
+    text = cfg.get("text_config")
+    hf: dict[str, Any] = text if isinstance(text, dict) else cfg
+    unread = {k: hf[k] for k in ("router_aux_loss_coef", "router_jitter_noise", "norm_topk_prob") if k in hf}
+    return ("Megatron-Core's router as priced: softmax over the top-k experts chosen, aux-loss load balancing at "
+            f"coefficient {MEGATRON_MOE_AUX_LOSS_COEFF:g}, no input jitter, the all-to-all dispatcher "
+            f"({MEGATRON_MOE_ARGS})" + ("; not read from the config: "
+                                       + ", ".join(f"{k} {v}" for k, v in unread.items()) if unread else ""))
+
+
+def _with_class(hf: dict[str, Any]) -> dict[str, Any]:
+    """A config with its transformers class's defaults under what it states (the shipped table)."""
+    return {**hf_class_defaults()["model_types"].get(str(hf.get("model_type")), {}), **hf}
 
 
 class Assembled(StepSchedule):
@@ -139,6 +157,8 @@ class Assembled(StepSchedule):
         if par.framework == Framework.MEGATRON:
             self.warnings.append("Megatron-Core's gradient clipping is modelled as not taken; a step whose gradient "
                                  "norm exceeds --clip-grad also scales every gradient (one more pass over them)")
+            if self.g.meta.model.get("num_experts"):
+                self.warnings.append(_megatron_router_note(self.req.model))
         recipe = SETTINGS[self.req.setting].fp8_recipe
         if recipe:
             self.warnings.append(f"{self.req.setting.value}: torchao float8 training ({recipe} scaling) in eager mode on "
@@ -396,9 +416,11 @@ class Assembled(StepSchedule):
         types = m.get("layer_types") or []
         if types:
             out["layer_types"] = {t: types.count(t) for t in dict.fromkeys(types)}
-            out["sliding_window"] = m.get("sliding_window")
+            hf = json.loads(m.get("hf_config") or "{}")
+            # a window the file leaves to its class is the class's (gpt-oss: 128), as transformers builds it
+            out["sliding_window"] = m.get("sliding_window") or (
+                _with_class(hf).get("sliding_window") if "sliding_attention" in types else None)
             if "chunked_attention" in types:  # Llama-4: its chunk, as transformers' config gives it
-                hf = json.loads(m.get("hf_config") or "{}")
                 out["attention_chunk_size"] = with_depth_defaults(hf).get("attention_chunk_size")
         mlps = m.get("mlp_layer_types") or []
         if mlps:
@@ -406,14 +428,19 @@ class Assembled(StepSchedule):
         rope = m.get("rope_layers") or []
         if rope:
             out["rope_layers"] = {"rope": sum(map(bool, rope)), "none": len(rope) - sum(map(bool, rope))}
-        if m.get("num_experts"):
-            e, k = int(m["num_experts"]), int(m["experts_per_token"])
+        e, k = int(m.get("num_experts") or 0), int(m.get("experts_per_token") or 0)
+        if not e and m.get("family") == ArchFamily.TRANSFORMERS.value:  # a type known only to transformers
+            hf = _with_class(json.loads(m.get("hf_config") or "{}"))
+            e = int(next((hf[x] for x in ("num_experts", "n_routed_experts", "num_local_experts") if hf.get(x)), 0))
+            k = int(next((hf[x] for x in ("num_experts_per_tok", "moe_topk", "top_k") if hf.get(x)), 0))
+        if e and k:
             experts = (f"SequentialMLP, {e // self.par.ep} local experts per rank, all-to-all over EP={self.par.ep}"
                        if megatron else "grouped GEMMs timed with equal groups")
             imb = self.req.moe_imbalance
             out["moe_routing"] = (
                 f"balanced: each of {e} experts receives tokens x {k} / {e} rows ({experts}; "
-                + ("--moe-imbalance skews it)" if megatron else "a skewed router is modelled with --framework megatron)")
+                + ("--moe-imbalance skews it)" if megatron else "a skewed router is modelled with --framework megatron)"
+                   if m.get("family") != ArchFamily.TRANSFORMERS.value else "a skewed router is not modelled for it)")
                 if imb == 1.0 else
                 f"skewed (--moe-imbalance {imb:g}): the busiest expert receives {imb:g} x tokens x {k} / {e} rows, "
                 f"the others share the rest evenly; this rank hosts it ({experts})")

@@ -23,7 +23,7 @@ from tp_query.schema.precision import Setting
 
 from .graph import Graph
 from .lookup import Source
-from .parallel import STACK_ZERO_STAGES, ParallelConfig, PlanError
+from .parallel import MEGATRON_MOE_ARGS, STACK_ZERO_STAGES, ParallelConfig, PlanError
 from .predict import Engine, PredictError, PredictRequest
 from .prediction import HOST_SOURCE
 from .request import OPTIMIZERS, setting_refusal
@@ -445,7 +445,7 @@ def _megatron_model_args(spec: ModelSpec) -> list[str]:
         a.append("--swiglu")
     if spec.is_moe:
         a.append(f"--num-experts {spec.num_experts} --moe-router-topk {spec.experts_per_token} "
-                 f"--moe-ffn-hidden-size {spec.moe_intermediate_size}")
+                 f"--moe-ffn-hidden-size {spec.moe_intermediate_size} {MEGATRON_MOE_ARGS}")
     else:
         a.append(f"--ffn-hidden-size {spec.intermediate_size}")
     if not (spec.qkv_bias or spec.o_bias or spec.mlp_bias):
@@ -508,7 +508,7 @@ def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node
         if p.zero >= 1:
             args.append("--use-distributed-optimizer")
         if p.ep > 1:
-            args.append(f"--expert-model-parallel-size {p.ep} --moe-token-dispatcher-type alltoall")
+            args.append(f"--expert-model-parallel-size {p.ep}")
         if p.recompute:
             args.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
         if p.pp_schedule == "interleaved":

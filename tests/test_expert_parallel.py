@@ -130,6 +130,14 @@ def test_search_tries_expert_parallel_sizes_for_megatron_moe(eng: Engine) -> Non
     best_ep2 = next(o for o in res.ranked if o.candidate.parallel.ep == 2)
     assert "+EP2" in best_ep2.candidate.label()
     assert "--expert-model-parallel-size 2" in launch_command(best_ep2, "megatron", "m.json", 64)
+    # the router and dispatcher priced, also without EP (Megatron-LM's defaults are allgather and no aux loss)
+    best_ep1 = next(o for o in res.ranked if o.candidate.parallel.ep == 1)
+    for o in (best_ep1, best_ep2):
+        line = launch_command(o, "megatron", "m.json", 64, spec=parse_config(MIXTRAL, "m"))
+        assert "--moe-token-dispatcher-type alltoall" in line and "--moe-aux-loss-coeff 0.01" in line
+    p = eng.predict(PredictRequest(model={**MIXTRAL, "router_jitter_noise": 0.1}, model_name="m", gpu="cpu",
+                                   setting=Setting("mp_bf16"), seq_len=64, parallel=ParallelConfig(framework="megatron")))
+    assert any("not read from the config: router_jitter_noise 0.1" in w for w in p.warnings)
     # TP > 1 with MoE is refused by the Megatron model, with its reason, not silently dropped
     assert any("TP > 1" in o.reason for o in res.rejected)
 

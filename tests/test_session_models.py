@@ -359,3 +359,46 @@ def test_megatron_scales_its_gradient_buffer_before_reducing(eng: Engine) -> Non
     p2 = eng.predict(_req(Setting.MP_BF16, framework="megatron", dp=2))
     p1 = eng.predict(_req(Setting.MP_BF16, framework="megatron"))
     assert p2.breakdown["backward_ms"] > p1.breakdown["backward_ms"]
+
+
+def test_models_differing_only_in_their_dense_first_layers_share_no_stage_lists(cpu_db: Path) -> None:
+    """Two DeepSeek-V3 cuts whose traced parameters are equal but whose dense-first count differs name other
+    parameters per model layer: one engine predicting both gives each its own answer (the second took the first's
+    parameter list and crashed with a KeyError)."""
+    base = {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 8,
+            "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "vocab_size": 256,
+            "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+            "max_position_embeddings": 256}
+
+    def req(first_dense: int) -> PredictRequest:
+        return PredictRequest(model={**base, "first_k_dense_replace": first_dense}, model_name="ds", gpu="cpu",
+                              setting=Setting.BF16, seq_len=64, parallel=ParallelConfig())
+
+    shared = Engine("cpu", str(cpu_db))
+    both = [shared.predict(req(1)), shared.predict(req(3))]
+    alone = [Engine("cpu", str(cpu_db)).predict(req(k)) for k in (1, 3)]
+    assert [p.iteration_ms for p in both] == [p.iteration_ms for p in alone]
+    assert both[0].parameters != both[1].parameters
+
+
+def test_moe_types_known_only_to_transformers_state_their_routing(tmp_path: Path) -> None:
+    """An MoE model type known only to transformers (OLMoE) says its routing is balanced, as every MoE prediction
+    does (its expert count comes from the class defaults when the file leaves it out); gpt-oss without a
+    `sliding_window` key shows the window its class gives (128), not None."""
+    olmoe = tmp_path / "olmoe.json"
+    olmoe.write_text(json.dumps({"model_type": "olmoe", "num_hidden_layers": 2, "hidden_size": 256,
+                                 "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 512}))
+    r = run_cli("predict", str(olmoe), "--gpu", "h200", "--seq-len", "128", "--precision", "bf16", "--json")
+    assert r.returncode == 0, r.stderr
+    mg = json.loads(r.stdout)["config"]["model_graph"]
+    assert mg["moe_routing"].startswith("balanced: each of 64 experts receives tokens x 8 / 64 rows")
+    assert "not modelled for it" in mg["moe_routing"]
+    goss = tmp_path / "goss.json"
+    goss.write_text(json.dumps({"model_type": "gpt_oss", "num_hidden_layers": 2, "hidden_size": 256,
+                                "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "head_dim": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                "vocab_size": 512, "layer_types": ["sliding_attention", "full_attention"]}))
+    r = run_cli("predict", str(goss), "--gpu", "h200", "--seq-len", "128", "--precision", "bf16", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["config"]["model_graph"]["sliding_window"] == 128

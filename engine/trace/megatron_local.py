@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tp_query.engine.parallel import MEGATRON_MOE_AUX_LOSS_COEFF
 from tp_query.schema.model_config import ArchFamily, ModelSpec
 
 from .models import CausalLM, Shard, TPRegion, _ReduceFromTP, _ScatterSP, emit_comm, emit_sync
@@ -121,7 +122,6 @@ class MegatronMLP(nn.Module):
 # SequentialMLP experts), megatron-core 0.19.2 without Transformer Engine or fusions
 # ---------------------------------------------------------------------------------------------
 
-MOE_AUX_LOSS_COEFF = 1e-2  # --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2 (Mixtral recipes)
 
 
 class _AllToAllEP(torch.autograd.Function):
@@ -244,7 +244,7 @@ class MegatronMoE(nn.Module):
         _, aux_top = torch.topk(aux_scores, k=k, dim=1)
         aux_map = torch.zeros_like(logits).int().scatter(1, aux_top, 1).bool()
         tokens_per_expert = aux_map.sum(dim=0)
-        aux_loss = torch.sum(aux_scores.sum(dim=0) * tokens_per_expert) * (E * MOE_AUX_LOSS_COEFF / (k * T * T))
+        aux_loss = torch.sum(aux_scores.sum(dim=0) * tokens_per_expert) * (E * MEGATRON_MOE_AUX_LOSS_COEFF / (k * T * T))
         routing_probs = _AuxLossScaler.apply(routing_probs, aux_loss)
         # dispatcher preprocess: counts, then the device-to-host copy and its synchronisation
         local_counts = routing_map.sum(dim=0).long()
