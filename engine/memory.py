@@ -175,15 +175,16 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     # backward holds two gathered layers, the head's gradient beside the sharded ones, a reduce-scatter input)
     base = {"weights": w, "grads": g, "optimizer": o, "activations": acts, "gathered": unsharded,
             "transient": max(head, mp.layer_bwd_transient_bytes, opt_transient), "buffers": buffers}
-    big = {k: max(v, *(ph.parts()[k] for ph in phases)) for k, v in base.items()}
+    held = [ph.parts() for ph in phases]
+    big = {k: max(v, *(h[k] for h in held)) for k, v in base.items()}
     return MemoryBreakdown(big["weights"], big["grads"], big["optimizer"], big["activations"], big["gathered"],
                            big["transient"], big["buffers"], peak, capacity, peak <= capacity, at_peak)
 
 
 def _fsdp_in_backward(stage: StageWork, par: ParallelConfig, st: SettingSpec, mp: MemoryProfile, w: int, o: int,
                       root_full: int, g: int, g_full: int, per_layer: dict[int, int], m: int) -> list[PeakParts]:
-    """FSDP2's peak inside layer backward, the largest over the layers: the sharded state and the unsharded root
-    (`fixed`), the LM head's unsharded gradient (the root reduces last), the current layer unsharded and the
+    """What is live inside each layer's backward under FSDP2, one phase per layer: the sharded state and the
+    unsharded root, the LM head's unsharded gradient (the root reduces last), the current layer unsharded and the
     next one prefetched (ZeRO-3; ZeRO-2 keeps every layer since forward), the reduce-scatter input of the layer
     just done (in the reduce dtype: fp32 under a half-precision policy with fp32 reduction), the sharded
     gradients of the layers already reduced (all of them from earlier micro-batches), the activations still

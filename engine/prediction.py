@@ -16,7 +16,7 @@ from tp_query.schema.model_config import (
     ArchFamily,
     config_notes,
     family_label,
-    hf_class_defaults,
+    with_class_defaults,
     with_depth_defaults,
 )
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
@@ -49,8 +49,8 @@ def _megatron_router_note(cfg: dict[str, Any]) -> str:
 
 
 def _with_class(hf: dict[str, Any]) -> dict[str, Any]:
-    """A config with its transformers class's defaults under what it states (the shipped table)."""
-    return {**hf_class_defaults()["model_types"].get(str(hf.get("model_type")), {}), **hf}
+    """A config with its transformers class's defaults under what it states (window keys included)."""
+    return with_class_defaults(hf, str(hf.get("model_type")))[0]
 
 
 class Assembled(StepSchedule):
