@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tp_query.schema.messages import TpQueryError
-from tp_query.schema.model_config import ConfigError, load_model_file, plain_model
+from tp_query.schema.model_config import ConfigError, is_numpy_scalar, load_model_file, plain_model
 from tp_query.schema.precision import Setting
 
 from .dbcache import DB_ENV, is_remote
@@ -64,7 +64,7 @@ def _model(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 def _plain(v: Any) -> Any:
     """A numpy scalar as the Python number it holds (the README's promise for every numeric argument)."""
-    return v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") and not getattr(v, "shape", ()) else v
+    return v.item() if is_numpy_scalar(v) else v
 
 
 def _where(gpu: Any, db: Any, torch_version: Any, error: type[TpQueryError] = PredictError

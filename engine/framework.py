@@ -47,10 +47,11 @@ class HostExtra:
     fixed_us: dict[str, float]
     source: str  # "measured (N ranks)" | "none"
     measured_ranks: int = 0  # the group size its rows were measured with (0: none)
+    kind: str = ""  # the framework part it prices: tp, tp_sp, ddp, fsdp_z2, fsdp_z3
 
     @staticmethod
-    def none() -> HostExtra:
-        return HostExtra({}, {}, "none")
+    def none(kind: str = "") -> HostExtra:
+        return HostExtra({}, {}, "none", kind=kind)
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,7 @@ class FrameworkData:
         else:
             rows = self._host_rows(self._indexed(framework, lambda k: k == kind, setting))
         if not rows:
-            return HostExtra.none()
+            return HostExtra.none(kind)
         have = sorted({int(r["ranks"]) for r in rows})
         rk = min(have, key=lambda r: (abs(r - ranks), r))
         per: dict[str, float] = {}
@@ -291,7 +292,7 @@ class FrameworkData:
                     out[phase] = max(self._median_over_machines(sel), 0.0)
         used = sorted({r.get("machine") or FIRST_MACHINE for r in rows if int(r["ranks"]) == rk})
         return HostExtra(per, fixed, f"measured ({rk} ranks, " + (
-            f"machine {used[0]})" if len(used) == 1 else f"median of {len(used)} machines)"), rk)
+            f"machine {used[0]})" if len(used) == 1 else f"median of {len(used)} machines)"), rk, kind)
 
 
 # ---------------------------------------------------------------------------------------------

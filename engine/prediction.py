@@ -218,9 +218,8 @@ class Assembled(StepSchedule):
         an operator database alone (`make collect`) has no host costs of the framework's hooks and dispatch, and
         no interference of collectives with compute, and the step would come out fast without a word."""
         par, out = self.par, []
-        kinds = [k for k, on in (("DTensor TP dispatch" if par.framework == Framework.TORCH else "TP", par.tp > 1),
-                                 ("data-parallel hooks", par.dp > 1)) if on]
-        missing = [k for k, e in zip(kinds, self.host_extras, strict=False) if e.source == "none"]
+        missing = list(dict.fromkeys("DTensor TP dispatch" if e.kind.startswith("tp") else "data-parallel hooks"
+                                     for e in self.host_extras if e.source == "none"))
         where = f"{self.eng.db.root}/{self.eng.gpu.name}/framework"
         if missing and par.framework == Framework.TORCH:
             out.append(f"host costs of {' and '.join(missing)} are not measured in this database ({where}): not "

@@ -986,12 +986,17 @@ def load_model_file(path: str | Path) -> dict[str, Any]:
     return obj
 
 
+def is_numpy_scalar(v: Any) -> bool:
+    """A numpy number (np.int64(4), a 0-d array's item type): callers pass them where a JSON number is meant."""
+    return type(v).__module__ == "numpy" and hasattr(v, "item") and not getattr(v, "shape", ())
+
+
 def plain_model(obj: dict[str, Any], where: str = "the model dict") -> dict[str, Any]:
     """A caller's config (or graph) dict as a JSON file of it would read: numpy scalars as the numbers they hold,
     keys as JSON text, and what a file cannot hold (NaN, an integer of thousands of digits, a cycle, objects,
     nesting past the parser's depth, two keys of one text) refused in one line. The copy is the caller's no more."""
     def plain(o: Any) -> Any:
-        if type(o).__module__ == "numpy" and hasattr(o, "item") and not getattr(o, "shape", ()):
+        if is_numpy_scalar(o):
             return o.item()
         raise TypeError(f"a {type(o).__name__} is no JSON value")
 

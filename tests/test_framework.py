@@ -201,39 +201,32 @@ def test_pipeline_time_equals_the_event_simulation(schedule: PipeSchedule, pp: i
         assert pipeline_time(fwd, bwd, pp, m, schedule, p2p) == _simulated(fwd, bwd, pp, m, schedule, p2p)
 
 
-@pytest.mark.parametrize("pp, m", [(2, 3), (2, 300), (3, 4), (4, 64), (5, 37), (8, 9), (8, 128), (16, 40)])
-def test_one_f_one_b_through_its_steady_state_equals_the_event_simulation(pp: int, m: int) -> None:
-    """Long 1F1B schedules are timed through the max-plus matrix of one steady period raised to the number of
-    periods; that must equal the plain event simulation (to float rounding), with uneven stages and transfers."""
-    rng = np.random.default_rng(pp * 1000 + m)
+_CLOSED_FORMS = {PipeSchedule.ONE_F_ONE_B: _one_f_one_b_periodic, PipeSchedule.GPIPE: _gpipe_longest_path}
+
+
+@pytest.mark.parametrize("schedule, pp, m", [
+    *((PipeSchedule.ONE_F_ONE_B, pp, m) for pp, m in [(2, 3), (2, 300), (3, 4), (4, 64), (5, 37), (8, 9), (8, 128),
+                                                       (16, 40)]),
+    *((PipeSchedule.GPIPE, pp, m) for pp, m in [(2, 1), (2, 300), (3, 4), (4, 64), (5, 37), (8, 9), (8, 128),
+                                                 (16, 40)])])
+def test_long_schedules_in_closed_form_equal_the_event_simulation(schedule: PipeSchedule, pp: int, m: int) -> None:
+    """Long schedules are timed in closed form: 1F1B through the max-plus matrix of one steady period raised to
+    the number of periods, GPipe as the longest path through its grid of actions in O(pp^2). Each must equal the
+    plain event simulation (to float rounding), with uneven stages, a bottleneck stage in the middle (forward and
+    backward) and transfers larger than a stage; and a million micro-batches must take no time (the simulation
+    took minutes and gigabytes)."""
+    closed = _CLOSED_FORMS[schedule]
+    rng = np.random.default_rng(pp * 1000 + m + (7 if schedule == PipeSchedule.GPIPE else 0))
     for _ in range(3):
         fwd, bwd = tuple(rng.uniform(1, 100, pp)), tuple(rng.uniform(1, 200, pp))
         p2p = float(rng.uniform(0, 30))
-        want = _simulated(list(fwd), list(bwd), pp, m, PipeSchedule.ONE_F_ONE_B, p2p)
-        assert _one_f_one_b_periodic(fwd, bwd, pp, m, p2p) == pytest.approx(want, rel=1e-12)
-        # a bottleneck stage in the middle, and transfers larger than a stage
-        fwd2 = tuple(x * (5.0 if k == pp // 2 else 1.0) for k, x in enumerate(fwd))
-        want2 = _simulated(list(fwd2), list(bwd), pp, m, PipeSchedule.ONE_F_ONE_B, 150.0)
-        assert _one_f_one_b_periodic(fwd2, bwd, pp, m, 150.0) == pytest.approx(want2, rel=1e-12)
-    assert pipeline_time([1.0] * pp, [2.0] * pp, pp, m, PipeSchedule.ONE_F_ONE_B, 0.0) == \
-        pytest.approx((m + pp - 1) * 3.0, rel=1e-12)
-
-
-@pytest.mark.parametrize("pp, m", [(2, 1), (2, 300), (3, 4), (4, 64), (5, 37), (8, 9), (8, 128), (16, 40)])
-def test_gpipe_as_its_longest_path_equals_the_event_simulation(pp: int, m: int) -> None:
-    """Long GPipe schedules are timed as the longest path through their grid of actions in O(pp^2); that must equal
-    the event simulation (to float rounding), with uneven stages, a bottleneck and transfers larger than a stage,
-    and a million micro-batches must take no time (the simulation took minutes and gigabytes)."""
-    rng = np.random.default_rng(pp * 977 + m)
-    for _ in range(3):
-        fwd, bwd = tuple(rng.uniform(1, 100, pp)), tuple(rng.uniform(1, 200, pp))
-        p2p = float(rng.uniform(0, 30))
-        want = _simulated(list(fwd), list(bwd), pp, m, PipeSchedule.GPIPE, p2p)
-        assert _gpipe_longest_path(fwd, bwd, pp, m, p2p) == pytest.approx(want, rel=1e-12)
-        bwd2 = tuple(x * (5.0 if k == pp // 2 else 1.0) for k, x in enumerate(bwd))
-        want2 = _simulated(list(fwd), list(bwd2), pp, m, PipeSchedule.GPIPE, 150.0)
-        assert _gpipe_longest_path(fwd, bwd2, pp, m, 150.0) == pytest.approx(want2, rel=1e-12)
-    assert pipeline_time([1.0] * pp, [2.0] * pp, pp, 1 << 20, PipeSchedule.GPIPE, 0.0) == \
+        assert closed(fwd, bwd, pp, m, p2p) == pytest.approx(_simulated(list(fwd), list(bwd), pp, m, schedule, p2p),
+                                                             rel=1e-12)
+        slow = tuple(x * (5.0 if k == pp // 2 else 1.0) for k, x in enumerate(fwd))
+        for f, b in ((slow, bwd), (fwd, tuple(x * (5.0 if k == pp // 2 else 1.0) for k, x in enumerate(bwd)))):
+            want = _simulated(list(f), list(b), pp, m, schedule, 150.0)
+            assert closed(f, b, pp, m, 150.0) == pytest.approx(want, rel=1e-12)
+    assert pipeline_time([1.0] * pp, [2.0] * pp, pp, 1 << 20, schedule, 0.0) == \
         pytest.approx(((1 << 20) + pp - 1) * 3.0, rel=1e-12)
 
 
