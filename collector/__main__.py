@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -18,11 +19,12 @@ from tp_query.schema.manifest import ManifestError
 from tp_query.schema.precision import Precision
 
 from .device import Device, DeviceError
+from .plan import InputError
 from .store import StoreError
 
 
 def _collect(a: argparse.Namespace) -> int:
-    from tp_query.schema.ops import Operands
+    from tp_query.schema.ops import REGISTRY, Operands
 
     from .campaign import CampaignAbort, run_campaign
     from .plan import (
@@ -36,18 +38,31 @@ def _collect(a: argparse.Namespace) -> int:
     )
     from .timing import ClosedFormTimer, Timer
 
+    for what, v, low, high in (("--budget-s", a.budget_s, 0.0, 1e7), ("--repeat-fraction", a.repeat_fraction, 0.0, 1.0),
+                               ("--tiny", a.tiny, 0, 1 << 20)):
+        if v is not None and not (math.isfinite(v) and low <= v <= high):
+            raise InputError(f"{what} must be a number in [{low:g}, {high:g}], got {v!r}")
+    precisions = None
+    if a.precisions:
+        try:
+            precisions = [Precision(p) for p in a.precisions.split(",")]
+        except ValueError as e:
+            raise InputError(f"--precisions: {e}; choose from {', '.join(p.value for p in Precision)}") from None
+    kind_names = {k.name for k in REGISTRY.kinds()}
+    unknown = sorted(set(a.kinds.split(",")) - kind_names) if a.kinds else []
+    if unknown:
+        raise InputError(f"--kinds: unknown {', '.join(unknown)} (the registry's kinds: `python -m tp_query.collector "
+                         "collect --grid --plan-only` lists them)")
     spec = gpu_spec(a.gpu)
     device = Device(cpu=a.gpu == "cpu")
     device.check_matches(spec.name)
     out = Path(a.out or f"data/{spec.name}/ops")
     points = []
     if a.grid:
-        precisions = [Precision(p) for p in a.precisions.split(",")] if a.precisions else None
         points += grid_points(precisions=precisions or GRID_ORDER,
                               kinds=set(a.kinds.split(",")) if a.kinds else None, tiny=a.tiny)
     for f in a.sigs or []:
-        sp = signature_points(Path(f))
-        points += sp
+        points += signature_points(Path(f))
     if a.operands == "routed" and (a.grid or a.sigs or a.kinds):
         print("error: --operands routed measures its own points (the grid's expert-shaped batched GEMMs): "
               "drop --grid, --sigs and --kinds", file=sys.stderr)
@@ -59,6 +74,10 @@ def _collect(a: argparse.Namespace) -> int:
     remeasure = bool(a.remeasure_ops)
     if remeasure:  # only those operators, measured again over their old rows
         ops = set(a.remeasure_ops.split(","))
+        planned = {p.call.op for p in points}
+        if ops - planned:
+            raise InputError(f"--remeasure-ops: {', '.join(sorted(ops - planned))} is in none of the planned points "
+                             "(name aten ops as aten.mm.default, with --grid or --sigs that hold them)")
         points = [p for p in points if p.call.op in ops]
     if a.plan_only:
         print(json.dumps(summary(points), indent=1))
@@ -234,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"collect": _collect, "validate": _validate, "oplog": _oplog, "probe": _probe,
                 "memtrace": _memtrace, "comm": _comm, "dist-validate": _dist_validate,
                 "dist-probe": _dist_probe}[a.cmd](a)
-    except (UnknownGpu, DeviceError, StoreError, ManifestError) as e:
+    except (UnknownGpu, DeviceError, StoreError, ManifestError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

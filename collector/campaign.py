@@ -135,9 +135,11 @@ def run_campaign(points: list[Point], folder: Path, device: Device, *, budget_s:
     prov = device.provenance()
     campaign = points[0].campaign if points else "empty"
     store = ChunkedStore(folder, f"{campaign}-run{run}" if run > 1 else campaign, OPS_SCHEMA, prov,
-                         remeasure=remeasure)
+                         remeasure=remeasure, per_stack=True)
     done = set() if remeasure else store.done_keys(ok_only=retry_errors)  # a retried failure replaces its row
-    todo = [p for p in points if (p.key, run) not in done]
+    # each point once (two sigs files, or a grid and a sigs file, can plan one call twice: its second row made the
+    # database refused as a duplicate measurement)
+    todo = list({p.key: p for p in points if (p.key, run) not in done}.values())
     skipped = len(points) - len(todo)
     timer = timer or Timer(device.torch_device)
     stop = _Stop()

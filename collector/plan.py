@@ -86,15 +86,33 @@ def grid_points(precisions: Iterable[Precision] = GRID_ORDER, kinds: set[str] | 
     return _dedupe(out)
 
 
+class InputError(ValueError):
+    """A campaign's input the user can fix (a sigs file, a flag): one line, exit code 2."""
+
+
 def signature_points(path: Path, campaign: str | None = None) -> list[Point]:
+    """The points of a signature file: one JSON object per line, {"op", "sig", "tf32": true|false}."""
     camp = campaign or path.stem
     out = []
-    for line in path.read_text().splitlines():
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"signature file {path}: {getattr(e, 'strerror', None) or e}") from None
+    for no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        d = json.loads(line)
-        call = OpCall.from_json_str(d["op"], d["sig"])
-        pt = make_point(call, bool(d.get("tf32", False)), camp)
+        try:
+            d = json.loads(line)
+            if not isinstance(d, dict) or not isinstance(d.get("op"), str) or not isinstance(d.get("sig"), str):
+                raise ValueError('not an object with "op" and "sig" strings')
+            tf32 = d.get("tf32", False)
+            if not isinstance(tf32, bool):  # ("no" would be read as true)
+                raise ValueError(f'"tf32" must be true or false, got {tf32!r}')
+            call = OpCall.from_json_str(d["op"], d["sig"])
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise InputError(f"signature file {path}, line {no}: {why}") from None
+        pt = make_point(call, tf32, camp)
         if pt.info.family in SKIP_FAMILIES or call.op.startswith("comm."):
             continue
         out.append(pt)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import glob
 import json
 import os
 import tempfile
@@ -59,6 +60,7 @@ def write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema, prove
 
 def _atomic_write(path: Path, table: pa.Table) -> None:
     fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, manifest.readable_mode())
     os.close(fd)
     pq.write_table(table, tmp, compression="zstd", compression_level=9)
     os.replace(tmp, path)
@@ -91,10 +93,14 @@ class ChunkedStore:
     """Resumable, append-only storage of one campaign's rows under `folder`."""
 
     def __init__(self, folder: Path, campaign: str, schema: pa.Schema, provenance: Provenance,
-                 key_columns: tuple[str, ...] = ("key", "run"), remeasure: bool = False) -> None:
+                 key_columns: tuple[str, ...] = ("key", "run"), remeasure: bool = False,
+                 per_stack: bool = False) -> None:
         """remeasure: a new row replaces an earlier successful one for the same key (campaigns that are
-        measured again as a whole, such as the framework host costs); otherwise only failures are replaced."""
+        measured again as a whole, such as the framework host costs); otherwise only failures are replaced.
+        per_stack: a key measured under another torch/CUDA/cuDNN is not done here, nor replaced (the operator
+        table holds each software stack's rows apart: a new torch found every point 'already done')."""
         self.remeasure = remeasure
+        self.per_stack = per_stack
         self.folder = folder
         self.campaign = campaign
         self.schema = schema
@@ -138,7 +144,8 @@ class ChunkedStore:
         self._lock.close()
 
     def _chunk_paths(self) -> list[Path]:
-        return sorted(self.folder.glob(f"{self.campaign}-*.parquet"))
+        # (the name is text, not a pattern: "llama[8b]" matched no chunk of its own, and each chunk replaced the last)
+        return sorted(self.folder.glob(f"{glob.escape(self.campaign)}-*.parquet"))
 
     def _next_chunk(self) -> Path:
         nums = [int(p.stem.rsplit("-", 1)[1]) for p in self._chunk_paths() if p.stem.rsplit("-", 1)[1].isdigit()]
@@ -149,8 +156,10 @@ class ChunkedStore:
         the kill left (a chunk written but not recorded, a superseded file deleted but still listed); under
         remeasure every journal row is written again (it supersedes the earlier measurement of its key, also one
         already in a chunk of the killed run: the chunk's copy is replaced, not duplicated)."""
-        for tmp in self.folder.glob(".*.parquet.*.tmp"):  # an atomic write a kill cut short (we hold the lock)
-            tmp.unlink(missing_ok=True)
+        for tmp in [*self.folder.glob(".*.parquet.*.tmp"), *self.folder.glob(".intent-*.json.*.tmp")]:
+            tmp.unlink(missing_ok=True)  # an atomic write a kill cut short (we hold the lock)
+        if self._intent.exists():
+            self._finish_intent()
         if not self.journal.exists():
             return
         rows = []
@@ -164,8 +173,6 @@ class ChunkedStore:
             rows = [r for r in rows if tuple(r[c] for c in self.key_columns) not in done]
         if rows:
             self._write_chunk(rows)
-        else:
-            self._record(self._chunk_paths())
         if self.folder.name in manifest.TABLE_DIRS:  # entries of files a kill deleted
             listed = manifest.load(self.folder.parent).get("files", {}) if (
                 self.folder.parent / manifest.MANIFEST_NAME).is_file() else {}
@@ -191,17 +198,24 @@ class ChunkedStore:
             keys.add(tuple(r[c] for c in self.key_columns))
         return keys
 
+    STACK = ("torch", "cuda", "cudnn")
+
     @property
     def _gpu_column(self) -> list[str]:
-        return ["gpu"] if "gpu" in self.schema.names and "gpu" not in self.key_columns else []
+        cols = ["gpu"] if "gpu" in self.schema.names and "gpu" not in self.key_columns else []
+        return cols + ([c for c in self.STACK if c in self.schema.names] if self.per_stack else [])
 
     def _mine(self, t: dict[str, list[Any]]) -> list[bool]:
-        """Which rows this machine's GPU measured: a folder of validation runs holds every GPU's, and another
-        GPU's run of a case neither counts as done here nor is replaced by this one."""
+        """Which rows this machine's GPU (and, per_stack, its software stack) measured: a folder of validation
+        runs holds every GPU's, and another GPU's run of a case neither counts as done here nor is replaced by
+        this one."""
         n = len(next(iter(t.values()), []))
-        if not self._gpu_column:
-            return [True] * n
-        return [g is None or g == self.provenance.gpu for g in t["gpu"]]  # None: a file from before the column
+        out = [True] * n
+        for c in self._gpu_column:
+            want = getattr(self.provenance, c)
+            # None: a file from before the column
+            out = [o and (v is None or v == want) for o, v in zip(out, t[c], strict=True)]
+        return out
 
     def append(self, row: dict[str, Any]) -> None:
         with self.journal.open("a") as f:
@@ -218,16 +232,61 @@ class ChunkedStore:
         if self.journal.exists():
             self.journal.unlink()
 
+    @property
+    def _intent(self) -> Path:
+        return self.folder / f".intent-{self.campaign}.json"
+
     def _write_chunk(self, rows: list[dict[str, Any]]) -> None:
-        """Write rows as a new chunk; rows they supersede (failed measurements of the same key) go."""
-        changed = self._drop_superseded({tuple(r[c] for c in self.key_columns) for r in rows})
+        """Write rows as a new chunk; rows they supersede (failed measurements of the same key, or any under
+        remeasure) go. Which files this rewrites is written down first: a kill part-way leaves the intent, and the
+        next open finishes it and records exactly those files (rewritten files left unrecorded made the database
+        refused for good, and re-hashing every chunk on recovery recorded a tampered one as good)."""
+        keys = {tuple(r[c] for c in self.key_columns) for r in rows}
         path = self._next_chunk()
+        intent = {"chunk": path.name, "keys": sorted(([list(k) for k in keys]), key=json.dumps),
+                  "rewrite": [p.name for p in self._holding(keys)]}
+        text = json.dumps(intent, default=str)
+        fd, tmp = tempfile.mkstemp(prefix=self._intent.name + ".", suffix=".tmp", dir=self.folder)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._intent)
+        changed = self._drop_superseded(keys, exclude=path)
         write_table(path, rows, self.schema, self.provenance)
         self._record([*changed, path])
+        self._intent.unlink()
 
-    def _drop_superseded(self, keys: set[tuple[Any, ...]]) -> list[Path]:
+    def _finish_intent(self) -> None:
+        """A write a kill cut short: its superseded rows dropped (again: it is idempotent) and the files it named
+        recorded as they now are - those alone."""
+        try:
+            intent = json.loads(self._intent.read_text())
+            keys = {tuple(k) for k in intent["keys"]}
+            names = [str(n) for n in intent["rewrite"]] + [str(intent["chunk"])]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise StoreError(f"{self._intent}: an interrupted write's record is unreadable ({first_line(e)}); "
+                             "check the folder against `tp-query db verify`") from None
+        chunk = self.folder / str(intent["chunk"])
+        self._drop_superseded(keys, exclude=chunk)
+        self._record([self.folder / n for n in names])
+        self._intent.unlink()
+
+    def _holding(self, keys: set[tuple[Any, ...]]) -> list[Path]:
+        """This GPU's files holding a row of these keys."""
+        out = []
+        for p in sorted(self.folder.glob("*.parquet")):
+            t = read_columns(p, list(self.key_columns) + self._gpu_column).to_pydict()
+            if any(tuple(x) in keys and mine for x, mine in
+                   zip(zip(*(t[c] for c in self.key_columns), strict=True), self._mine(t), strict=True)):
+                out.append(p)
+        return out
+
+    def _drop_superseded(self, keys: set[tuple[Any, ...]], exclude: Path | None = None) -> list[Path]:
         changed = []
         for p in sorted(self.folder.glob("*.parquet")):
+            if p == exclude:
+                continue
             cols = list(self.key_columns)
             t = read_columns(p, cols + self._gpu_column).to_pydict()
             hit = [tuple(x) in keys and mine

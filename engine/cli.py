@@ -769,12 +769,12 @@ def plot(
                 from tp_query.engine.parallel import ParallelConfig
                 from tp_query.engine.request import setting_refusal
 
-                split = ParallelConfig(dp=dp, tp=tp, pp=pp)
-                left = [s for s in precs if setting_refusal(s, split)]
+                split = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb)
+                left = [s for s in precs if setting_refusal(s, split, seq)]
                 if left:
                     precs = [s for s in precs if s not in left]
                     typer.echo(f"note: {', '.join(s.value for s in left)} left out: "
-                               f"{setting_refusal(left[0], split)}", err=True)
+                               f"{setting_refusal(left[0], split, seq)}", err=True)
             with _Status(f"predicting {len(precs)} settings"):
                 labels, parts = P.breakdown_across(
                     [(s.value, api_predict(model, gpu=gpu, db=db, precision=s, dp=dp, tp=tp, pp=pp,

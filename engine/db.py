@@ -136,6 +136,11 @@ class Database:
             self._open_remote(base, validate)
         else:
             base_p = Path(self.root) / gpu
+            if any(ch in str(base_p.resolve()) for ch in "*?[]{}"):
+                # DuckDB's read_parquet reads every file name as a pattern: 'db[1]' was checked as itself and read
+                # from a sibling 'db1'
+                raise DatabaseError(f"the database path {base_p} holds one of * ? [ ] {{ }}, which DuckDB reads as "
+                                    "a file pattern: move or link it to a path without them")
             if not (base_p / "ops").is_dir():
                 raise DatabaseError(missing_database(self.root, gpu))
             if validate:
@@ -320,12 +325,17 @@ class Database:
                     continue
                 # latencies, and the overlap campaign's times alone (their ratios' denominators)
                 latency = col.lower() in ("latency_us", "latency_warm_us", "compute_alone_us", "comm_alone_us")
+                work = col.lower() in ("flops", "bytes")  # a count: never below zero (the roofline divides by it)
                 bad = f'NOT (isfinite("{col}") AND "{col}" > 0 AND "{col}" < ?)' if latency else \
-                    f'NOT isfinite("{col}")'
-                row = self.con.execute(f'SELECT "{col}" FROM {table} WHERE {ok}"{col}" IS NOT NULL AND {bad} LIMIT 1',
+                    f'NOT (isfinite("{col}") AND "{col}" >= 0)' if work else f'NOT isfinite("{col}")'
+                # a successful row's latency must be there (the warm one may be: a cold-only measurement)
+                where = f'({bad} OR "{col}" IS NULL)' if ok and col.lower() == "latency_us" else \
+                    f'"{col}" IS NOT NULL AND {bad}'
+                row = self.con.execute(f'SELECT "{col}" FROM {table} WHERE {ok}{where} LIMIT 1',
                                        [MAX_LATENCY_US] if latency else None).fetchone()
                 if row:
                     rule = (f"every latency is a positive finite number below {MAX_LATENCY_US:.0e} us" if latency
+                            else "FLOP and byte counts are finite and not negative" if work
                             else "every measured number is finite")
                     raise DatabaseError(f"{self.base}/{table}: a measured {col} of {row[0]!r} (a damaged or edited "
                                         f"file: {rule})")

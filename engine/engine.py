@@ -237,7 +237,7 @@ class Engine:
         if isinstance(req.seq_len, bool) or not isinstance(req.seq_len, int) or not 1 < req.seq_len <= MAX_SEQ:
             # a causal LM's loss predicts each next token: one token leaves nothing to train on
             raise PredictError(f"sequence length must be an integer in 2..{MAX_SEQ}, got {req.seq_len!r}")
-        why = setting_refusal(req.setting, par) or par.unmodelled()
+        why = setting_refusal(req.setting, par, req.seq_len) or par.unmodelled()
         if why:
             raise PredictError(why)
         if req.seq_len * par.micro_batch > MAX_TOKENS:

@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 
 TRACE_VERSION = 18  # 18: autograd formulas traced in their eager (in-place) branch
 MEGATRON_TRACE_VERSION = 2  # Megatron-Core graphs only (templates do not hold them)
+# PyTorch graphs of one setting traced anew since TRACE_VERSION (their cache keys and structural types change,
+# every other graph and shipped template stays): 1: fp16 with fp32 master weights (FSDP2's MixedPrecisionPolicy)
+# unscales its fp32 gradients with torch.amp.GradScaler
+SETTING_TRACE_REVISION = {"mp_fp16": 1}
+
+
+def trace_version(setting: str, framework: str) -> int | str:
+    """The trace version a PyTorch graph of this setting is keyed by: TRACE_VERSION, with the setting's revision."""
+    rev = SETTING_TRACE_REVISION.get(setting) if framework == "torch" else None
+    return f"{TRACE_VERSION}.{rev}" if rev else TRACE_VERSION
 
 
 def cache_dir() -> Path:
@@ -81,7 +91,9 @@ def _installed_version(package: str, missing: str) -> str:
 
 
 def _graph_cache_key(spec: ModelSpec, req: PredictRequest) -> str:
-    body = json.dumps({"spec": spec.to_dict(), **trace_fields(req), "v": TRACE_VERSION, "torch": _installed_version("torch", "none"),
+    body = json.dumps({"spec": spec.to_dict(), **trace_fields(req),
+                       "v": trace_version(req.setting.value, req.parallel.framework),
+                       "torch": _installed_version("torch", "none"),
                        "project": _installed_version("tp-query", "source"),
                        # transformers-built families and torchao's fp8 are whatever version is installed
                        "transformers": _installed_version("transformers", "none") if spec.builder.value == "hf" else "",
@@ -140,7 +152,8 @@ def _structural_type(spec: ModelSpec, req: PredictRequest) -> tuple[str, dict[st
     dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
     if dims is None or (SETTINGS[req.setting].fp8_recipe and not template.fp8_aligned(spec, par.tp)):
         return None
-    return template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION), dims
+    return template.structure_key(spec, trace_fields(req), template.ones_of(dims),
+                                  trace_version(req.setting.value, par.framework)), dims
 
 
 def _trace_one(req: PredictRequest) -> bool:

@@ -92,6 +92,7 @@ class Category:
             self.grid[ax] = Point(ax, statistics.median(p.cold_us for p in ps),
                                   statistics.median(p.warm_us for p in ps), ps[0].roofline_us)
         self.points = list(self.grid.values())
+        self.max_roofline_us = max((p.roofline_us for p in self.points), default=0.0)
         d = len(points[0].axes) if points else 0
         self.values = [sorted({p.axes[i] for p in self.points}) for i in range(d)]
         self._log_axes = {p.axes: _logs(p.axes) for p in self.points}
@@ -190,15 +191,18 @@ class Category:
             ml = self.multilinear(q)
             if ml is not None:
                 return ml[0], ml[1], Source.INTERPOLATED, 2 ** len(q)
-            # past here q is no measured point (a point is its own multilinear corner): every distance is > 0
+            # past here q is no measured point (a point is its own multilinear corner): every distance is > 0.
+            # Inside each axis's range of a scattered (FLOP-capped) grid, a call can still do more work than any
+            # point measured: its efficiency is then carried past the data, and said so
+            src = Source.INTERPOLATED if roof_q <= self.max_roofline_us * (1 + 1e-9) else Source.EXTRAPOLATED
             local = self.local_linear(q) if self.log_space else None
             if local is not None:
-                return roof_q / local[0], roof_q / local[1], Source.INTERPOLATED, self.MLS_K
+                return roof_q / local[0], roof_q / local[1], src, self.MLS_K
             near = self.nearest(q, 4)
             ws = [1.0 / (d * d) for d, _ in near]
             ec = sum(w * p.eff_cold for w, (_, p) in zip(ws, near, strict=True)) / sum(ws)
             ew = sum(w * p.eff_warm for w, (_, p) in zip(ws, near, strict=True)) / sum(ws)
-            return roof_q / ec, roof_q / ew, Source.INTERPOLATED, len(near)
+            return roof_q / ec, roof_q / ew, src, len(near)
         (_, p), = self.nearest(q, 1)
         return roof_q / p.eff_cold, roof_q / p.eff_warm, Source.EXTRAPOLATED, 1
 
@@ -374,6 +378,18 @@ class _FamilyPoints:
         return cat
 
     def estimate(self, q: Query) -> Estimate:
+        """The call's time from this family's points, never faster than the GPU's datasheet compute peak for its
+        FLOPs (the achievable rates are no bound: measured fp16 GEMMs pass them at full clock; nor would a bound
+        on bytes hold: the byte counts follow a copy's read + write, and fills or reductions move up to twice
+        that rate)."""
+        est = self._estimate(q)
+        peaks = self.gpu.datasheet_flops or self.gpu.peak_flops
+        flops_us = q.info.flops / peaks.get(q.info.precision, min(peaks.values())) * 1e6
+        if est.cold_us >= flops_us and est.warm_us >= flops_us:
+            return est
+        return Estimate(max(est.cold_us, flops_us), max(est.warm_us, flops_us), est.source, est.points)
+
+    def _estimate(self, q: Query) -> Estimate:
         spec = self.spec
         base = (q.op, str(q.info.precision), q.info.math_mode, _category_dtypes(self.spec.family, q.info.dtypes))
         sk = base + _exact_features(spec, q.info.features)
@@ -403,9 +419,12 @@ class _FamilyPoints:
             c, w, _, n = self._category(("o", *pk), self.by_op[pk]).estimate(ax, roof)
             return Estimate(c, w, Source.EXTRAPOLATED, n)
         nk = (q.op, str(q.info.precision) == "int")
-        if nk in self.by_name and roof > 0:
+        peak = self.gpu.peak_flops.get(q.info.precision, min(self.gpu.peak_flops.values()))
+        if nk in self.by_name and roof > 0 and q.info.bytes / self.gpu.hbm_bytes_per_s >= q.info.flops / peak:
             # the same operator in another precision: its efficiency against its own roofline, held at these
-            # axes (a memory-bound kernel moves bytes about as well in fp32 as in bf16)
+            # axes (a memory-bound kernel moves bytes about as well in fp32 as in bf16). Not a compute-bound one:
+            # fp32's efficiency against CUDA cores says nothing of a half-precision kernel's against tensor cores
+            # (bf16 memory-efficient attention at head size 512 came out 4x fast from fp32's points): a miss
             c, w, n = self._held_efficiency(("n", *nk), self.by_name[nk], ax)
             if n:
                 return Estimate(roof * c, roof * w, Source.EXTRAPOLATED, n)

@@ -69,19 +69,27 @@ def parse_setting(value: object) -> Setting:
                            [:300]) from None
 
 
-def setting_refusal(setting: Setting, par: ParallelConfig) -> str:
+def setting_refusal(setting: Setting, par: ParallelConfig, seq_len: int | None = None) -> str:
     """Why a precision setting is not modelled under this split ("" when it is): torchao's float8 training is
     traced on plain Linear layers, and its tensor-parallel styles (Float8ColwiseParallel, float8 all-gathers under
-    sequence parallelism) change both the kernels and the collectives, which nothing here has measured."""
+    sequence parallelism) change both the kernels and the collectives, which nothing here has measured.
+    seq_len: the tokens of a micro-batch are the inner dimension of float8's weight-gradient GEMM."""
     if SETTINGS[setting].fp8_recipe and par.framework == "megatron":
         return ("the fp8 settings model torchao float8 training on PyTorch; Megatron-Core's FP8 needs Transformer "
                 "Engine, which is not modelled")
-    if SETTINGS[setting].master_weights and par.framework == "torch" and par.zero == 0 and par.dp > 1:
-        # DDP would all-reduce the half-precision gradients while the memory model holds fp32 ones: PyTorch's
-        # recipe for fp32 master weights under data parallelism is FSDP2's MixedPrecisionPolicy (validated)
-        return (f"{setting.value} with PyTorch DDP is not modelled (DDP has no fp32 master-weight recipe of its own): "
-                "use --zero 2 or 3 (FSDP2 with MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32)), "
-                "--framework megatron, or amp_bf16 / bf16 with DDP")
+    if SETTINGS[setting].master_weights and par.framework == "torch" and par.zero == 0:
+        # PyTorch's recipe for fp32 master weights is FSDP2's MixedPrecisionPolicy (validated): DDP would all-reduce
+        # the half-precision gradients while the memory model holds fp32 ones, and without data parallelism
+        # (one GPU, TP or PP alone) PyTorch's stacks train under autocast (torchtitan: AMP when FSDP is off)
+        return (f"{setting.value} on PyTorch is FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype=fp32), "
+                f"{'which DDP does not have' if par.dp > 1 else 'which needs data parallelism'}: use --zero 2 or 3 "
+                f"with DP > 1, --framework megatron, or amp_bf16 / bf16")
+    if SETTINGS[setting].fp8_recipe and seq_len is not None and (par.micro_batch * seq_len) % 16:
+        # torchao computes the weight gradient as grad_output_fp8.t() @ input_fp8 (pad_inner_dim off by default),
+        # and CUDA's _scaled_mm refuses an inner dimension that is no multiple of 16: the step would fail
+        return (f"{setting.value} needs micro-batch x sequence a multiple of 16 (torchao's weight-gradient "
+                f"_scaled_mm runs over the tokens; {par.micro_batch} x {seq_len} = {par.micro_batch * seq_len}): "
+                "the step would fail on the GPU")
     if SETTINGS[setting].fp8_recipe and par.tp > 1:
         return (f"{setting.value} is modelled at TP=1 (torchao float8 on plain Linear layers): its tensor-parallel "
                 "styles are not modelled; use --tp 1 with DP/FSDP2 or PP, or a bf16 setting")

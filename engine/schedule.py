@@ -128,7 +128,7 @@ class StepSchedule:
         st_ = SETTINGS[self.req.setting]
         # torch.amp.GradScaler's host work per step (every rank steps its own optimizer)
         self.scaler_us = (fw.grad_scaler_step_us() or 0.0) if (
-            st_.grad_scaler and not st_.master_weights and self.par.framework == Framework.TORCH) else 0.0
+            st_.grad_scaler and self.par.framework == Framework.TORCH) else 0.0
         self.extras = [self._host_extra_us(st) for st in self.stages]  # by first, last and layers: as the kind
         self.host_measured = fw.per_op_host_us(self._host_setting())
 

@@ -116,7 +116,7 @@ def invalid_reason(spec: ModelSpec, cand: Candidate, space: SearchSpace) -> str:
     c = cand.parallel
     if c.tp > space.max_tp:
         return f"TP={c.tp} exceeds one host ({space.max_tp} GPUs)"
-    why = spec.split_refusal(c.tp, c.sequence_parallel) or setting_refusal(cand.precision, c)
+    why = spec.split_refusal(c.tp, c.sequence_parallel) or setting_refusal(cand.precision, c, space.seq_len)
     if why:
         return why
     if c.pp > spec.num_layers:

@@ -158,7 +158,7 @@ def _structural_spec(spec: ModelSpec) -> dict[str, Any]:
     return s
 
 
-def structure_key(spec: ModelSpec, fields: dict[str, Any], ones: tuple[str, ...], trace_version: int) -> str:
+def structure_key(spec: ModelSpec, fields: dict[str, Any], ones: tuple[str, ...], trace_version: int | str) -> str:
     """The structural type: the spec without its sizes and what the step does not read, the trace fields without
     micro-batch, sequence and TP, and which dimensions are 1."""
     s = _structural_spec(spec)

@@ -7,10 +7,13 @@ for another GPU or schema is named and refused: corrupt or foreign data is never
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,8 +69,17 @@ def load(root: Path) -> dict[str, Any]:
     return m
 
 
+def readable_mode() -> int:
+    """The mode a new file gets under this process's umask (mkstemp makes 0600: a shared database's files would be
+    unreadable to its other users)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _write(root: Path, m: dict[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=root)
+    os.fchmod(fd, readable_mode())
     with os.fdopen(fd, "w") as f:
         json.dump(m, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -76,28 +88,43 @@ def _write(root: Path, m: dict[str, Any]) -> None:
     os.replace(tmp, root / MANIFEST_NAME)
 
 
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """The manifest's read-modify-write under a lock of the database root: collectors of two tables (an ops
+    campaign and a comm sweep) each hold only their own folder's lock, and one's update was lost to the other's."""
+    with (root / ".lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def record(root: Path, rel_paths: list[str], gpu: str) -> None:
     """Add or refresh entries (the caller holds the folder lock); entries of deleted files are dropped."""
     p = root / MANIFEST_NAME
-    m: dict[str, Any] = load(root) if p.is_file() else {"format": MANIFEST_FORMAT, "gpu": gpu, "files": {}}
-    if m.get("gpu") != gpu:  # another GPU's rows would be recorded as this database's own
-        raise ManifestError(f"{p} describes GPU {m.get('gpu')!r}; files measured on {gpu!r} are not recorded in it")
-    for rel in rel_paths:
-        f = root / rel
-        if f.is_file():
-            m["files"][rel] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
-        else:
-            m["files"].pop(rel, None)
-    _write(root, m)
+    with _locked(root):
+        m: dict[str, Any] = load(root) if p.is_file() else {"format": MANIFEST_FORMAT, "gpu": gpu, "files": {}}
+        if m.get("gpu") != gpu:  # another GPU's rows would be recorded as this database's own
+            raise ManifestError(f"{p} describes GPU {m.get('gpu')!r}; files measured on {gpu!r} are not recorded "
+                                "in it")
+        for rel in rel_paths:
+            f = root / rel
+            if f.is_file():
+                m["files"][rel] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+            else:
+                m["files"].pop(rel, None)
+        _write(root, m)
 
 
 def adopt(root: Path, gpu: str) -> int:
     """Record every tracked file as it is now (for a database that predates manifests)."""
     m: dict[str, Any] = {"format": MANIFEST_FORMAT, "gpu": gpu, "files": {}}
-    for rel in tracked_files(root):
-        f = root / rel
-        m["files"][rel] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
-    _write(root, m)
+    with _locked(root):
+        for rel in tracked_files(root):
+            f = root / rel
+            m["files"][rel] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+        _write(root, m)
     return len(m["files"])
 
 

@@ -779,7 +779,7 @@ REGISTRY.register(OpKind("attn_cudnn_bwd", ("aten._scaled_dot_product_cudnn_atte
                          Family.ATTENTION, _attn_bwd_features, _attn_flops(2.5), input_rule=InputRule.FROM_FORWARD, primary=1,
                          grid=_attn_grid(_CUDNN, True, HALF_PRECISIONS)))
 REGISTRY.register(OpKind("attn_efficient_fwd", (_EFF,), Family.ATTENTION, _attn_fwd_features, _attn_flops(1.0),
-                         primary=0, grid=_attn_grid(_EFF, False, (Precision.FP32,))))
+                         primary=0, grid=_attn_grid(_EFF, False, (Precision.FP32, *HALF_PRECISIONS))))
 REGISTRY.register(OpKind("attn_efficient_bwd", ("aten._scaled_dot_product_efficient_attention_backward.default",),
                          Family.ATTENTION, _attn_bwd_features, _attn_flops(2.5), input_rule=InputRule.FROM_FORWARD, primary=1,
                          grid=_attn_grid(_EFF, True, (Precision.FP32, *HALF_PRECISIONS))))
@@ -1173,8 +1173,59 @@ def _int_list(v: Any) -> list[int] | None:
     return None
 
 
+# Gathers: they read the rows their index names, not the whole source, and write one element per index position
+# (x[idx] of a [4096, 2048] activation by 262,144 indices writes 2.1 GB; the source's size had been the call's
+# size, so 4,096 and 262,144 indices were one point, and a loss's target pick ran at "564 TB/s").
+GATHER_OPS = ("aten.index.Tensor", "aten.index_select.default", "aten.gather.default")
+
+
+def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    n = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(n):
+        dims = {s[len(s) - n + i] for s in shapes if len(s) - n + i >= 0} - {1}
+        if len(dims) > 1:
+            return None
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def gather_output_shape(c: OpCall) -> tuple[int, ...] | None:
+    """The output shape of a gather (GATHER_OPS), as ATen computes it; None where it depends on the data (a
+    boolean mask) or the call is malformed."""
+    src = c.args[0] if c.args else None
+    if not isinstance(src, TensorSpec):
+        return None
+    if c.op == "aten.index.Tensor":
+        idx = c.args[1] if len(c.args) > 1 and isinstance(c.args[1], list | tuple) else None
+        if not idx or len(idx) > len(src.shape):
+            return None
+        pos = [i for i, t in enumerate(idx) if isinstance(t, TensorSpec)]
+        if not pos or any(not isinstance(t, TensorSpec) and t is not None for t in idx) or any(
+                idx[i].dtype == DType.BOOL or idx[i].dtype == DType.U8 for i in pos):
+            return None
+        b = _broadcast([idx[i].shape for i in pos])
+        if b is None:
+            return None
+        if pos == list(range(pos[0], pos[-1] + 1)):  # adjacent advanced indices: their broadcast stands in place
+            return (*src.shape[:pos[0]], *b, *src.shape[pos[-1] + 1:])
+        return (*b, *[d for i, d in enumerate(src.shape) if i not in pos])  # apart: the broadcast first
+    if len(c.args) < 3 or not isinstance(c.args[1], int) or not isinstance(c.args[2], TensorSpec):
+        return None
+    dim, index = c.args[1], c.args[2]
+    if not -len(src.shape) <= dim < max(len(src.shape), 1):
+        return None
+    if c.op == "aten.index_select.default":
+        d = dim % len(src.shape) if src.shape else 0
+        return (*src.shape[:d], index.numel, *src.shape[d + 1:]) if src.shape else (index.numel,)
+    return tuple(index.shape)  # gather: the index's shape
+
+
 def output_numel(c: OpCall) -> int | None:
     """Elements the call writes where its arguments, not its inputs' sizes, say so; None elsewhere."""
+    if c.op in GATHER_OPS:
+        shape = gather_output_shape(c)
+        return math.prod(shape) if shape is not None else None
     i = SIZE_ARG_OPS.get(c.op)
     if i is not None:
         size = _int_list(c.args[i]) if i < len(c.args) else None
@@ -1233,7 +1284,9 @@ def _elementwise_features(c: OpCall) -> Features:
     feats: Features = {"_update": upd is not None}  # read by _elementwise_bytes; describe() keeps it private
     out = output_numel(c)
     if out is not None:
-        numel = max(numel, out)
+        # a gather or a new_* factory is its output's size: neither reads its source whole (a new_zeros of
+        # [8192, 2048] from a [65536, 2048] template was filed at 134M elements, blended with real 134M fills)
+        numel = out if c.op in GATHER_OPS or c.op.startswith("aten.new_") else max(numel, out)
     pattern = elementwise_pattern(c) + ("/ua" if elementwise_misaligned(c) else "")
     if c.op == "aten.cat.default" and numel >= INT32_MAX:
         # an output beyond 32-bit indexing leaves cat's batched kernel for one copy per input (Cat.cu: the
@@ -1251,6 +1304,12 @@ def _elementwise_bytes(c: OpCall, f: Features) -> float:
         out_item = ts[0].dtype.itemsize
         ts = ts[1:]  # the updated tensor is touched where the index says: counted as the writes
     reads = sum(t.nbytes for t in ts)
+    if c.op.startswith("aten.new_") and c.op in SIZE_ARG_OPS:
+        reads = 0  # the template lends its dtype and device only
+    elif c.op in GATHER_OPS and ts and output_numel(c) is not None:
+        # the index, and one source element per output element, written in the source's dtype
+        out_item = ts[0].dtype.itemsize
+        reads = sum(t.nbytes for t in ts[1:]) + f["numel"] * out_item
     if not ts and c.op in ARANGE_OPS and all(isinstance(a, int) for a in c.args):
         out_item = 8
     target = c.kwarg("dtype")

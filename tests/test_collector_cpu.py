@@ -200,7 +200,7 @@ def test_real_kill_minus_9_loses_nothing_and_duplicates_nothing(tmp_path: Path) 
 
     out = tmp_path / "ops"
     args = [sys.executable, "-m", "tp_query.collector", "collect", "--gpu", "cpu", "--grid", "--tiny", "4",
-            "--kinds", "mm,elementwise,softmax", "--out", str(out), "--quiet"]
+            "--kinds", "mm,elementwise,softmax_fwd", "--out", str(out), "--quiet"]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = out / ".journal-grid.jsonl"
     deadline = time.monotonic() + 300
@@ -217,7 +217,7 @@ def test_real_kill_minus_9_loses_nothing_and_duplicates_nothing(tmp_path: Path) 
     assert r.returncode == 0, r.stderr
     rows = _rows(out)
     keys = [(x["key"], x["run"]) for x in rows]
-    planned = {p.key for p in grid_points(kinds={"mm", "elementwise", "softmax"}, tiny=4)}
+    planned = {p.key for p in grid_points(kinds={"mm", "elementwise", "softmax_fwd"}, tiny=4)}
     assert len(keys) == len(set(keys)) and {k for k, _ in keys} == planned
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)  # a third run adds nothing
     assert r.returncode == 0 and len(_rows(out)) == len(rows)
@@ -265,7 +265,7 @@ def test_remeasure_ops_replaces_rows_and_adds_none(tmp_path: Path) -> None:
     base = ["collect", "--gpu", "cpu", "--sigs", str(sigs), "--out", str(out), "--quiet", "--timer", "closed-form"]
     assert run_collector(*base).returncode == 0
     before = {(x["key"], x["run"]): x for x in _rows(out)}
-    r = run_collector(*base, "--remeasure-ops", "aten.index_put_.default,aten.mm.default")
+    r = run_collector(*base, "--remeasure-ops", "aten.mm.default")
     assert r.returncode == 0, r.stderr
     after = {(x["key"], x["run"]): x for x in _rows(out)}
     assert len(after) == len(_rows(out)) == len(before) and set(after) == set(before)
@@ -362,3 +362,180 @@ def test_validation_runs_of_another_gpu_are_neither_done_nor_replaced(tmp_path: 
     again = ChunkedStore(folder, "validation", VALIDATION_SCHEMA, ours, key_columns=("case_id",))
     assert ("c1",) in again.done_keys()
     again.close()
+
+
+def _tiny_sigs(tmp_path: Path, name: str) -> Path:
+    sigs = tmp_path / name
+    model = tmp_path / "m.json"
+    model.write_text(json.dumps(TINY_LLAMA))
+    r = run_cli("sigs", str(model), "--out", str(sigs), "--seq-len", "32", "--precision", "bf16")
+    assert r.returncode == 0, r.stderr
+    return sigs
+
+
+def test_a_campaign_name_with_pattern_characters_keeps_every_chunk(tmp_path: Path) -> None:
+    """A sigs file named `llama[8b].jsonl`: its chunks were found by a glob of that name, which matched none of
+    them, so each run wrote chunk 00000 over the last one (1 of 31 rows survived, and the manifest agreed)."""
+    from tp_query.schema import manifest
+
+    sigs = _tiny_sigs(tmp_path, "llama[8b].jsonl")
+    out = tmp_path / "cpu" / "ops"
+    base = ["collect", "--gpu", "cpu", "--sigs", str(sigs), "--out", str(out), "--quiet", "--timer", "closed-form"]
+    for extra in (["--budget-s", "0"], [], []):
+        r = run_collector(*base, *extra)
+        assert r.returncode == 0, r.stderr
+    keys = [x["key"] for x in _rows(out)]
+    assert len(keys) == len(set(keys)) == len(signature_points(sigs))
+    assert len(list(out.glob("*.parquet"))) == 2  # the first run's point, then the rest
+    assert manifest.verify(out.parent, "cpu") == 2
+
+
+def test_one_call_planned_twice_is_measured_once(tmp_path: Path) -> None:
+    """The same sigs file given twice (or two that share calls), with a repeat sample: each (key, run) once. The
+    second row of a key made the database refused as a duplicate measurement, for good."""
+    sigs = _tiny_sigs(tmp_path, "s.jsonl")
+    out = tmp_path / "cpu" / "ops"
+    r = run_collector("collect", "--gpu", "cpu", "--sigs", str(sigs), str(sigs), "--out", str(out), "--quiet",
+                      "--timer", "closed-form", "--repeat-fraction", "0.5")
+    assert r.returncode == 0, r.stderr
+    keys = [(x["key"], x["run"]) for x in _rows(out)]
+    assert len(keys) == len(set(keys)) and any(run == 2 for _, run in keys)
+    assert {k for k, run in keys if run == 1} == {p.key for p in signature_points(sigs)}
+
+
+@pytest.mark.parametrize("case", ["bad_json", "no_op", "tf32_text", "json_list", "missing_file", "precision_bf17",
+                                  "unknown_kind", "unknown_remeasure_op", "budget_nan", "budget_negative",
+                                  "tiny_negative"])
+def test_bad_collector_input_is_one_line_and_exit_2(tmp_path: Path, case: str) -> None:
+    """What a user can get wrong in a campaign's input is refused in one line with exit code 2 (each was a
+    traceback, or ran: "tf32": "no" measured TF32, --budget-s nan measured everything, --kinds mmm nothing)."""
+    sigs = tmp_path / "s.jsonl"
+    line = '{"op": "aten.mm.default", "sig": "{\\"a\\":[{\\"T\\":[8,8],\\"d\\":\\"bf16\\"},{\\"T\\":[8,8],\\"d\\":\\"bf16\\"}]}"'
+    sigs.write_text({"bad_json": line + "\n", "no_op": '{"sig": "{}"}\n', "tf32_text": line + ', "tf32": "no"}\n',
+                     "json_list": "[1, 2]\n"}.get(case, line + "}\n"))
+    out = ["--out", str(tmp_path / "cpu" / "ops"), "--quiet", "--timer", "closed-form"]
+    args = {"missing_file": ["--sigs", str(tmp_path / "none.jsonl")],
+            "precision_bf17": ["--grid", "--tiny", "1", "--kinds", "mm", "--precisions", "bf17"],
+            "unknown_kind": ["--grid", "--tiny", "1", "--kinds", "mmm"],
+            "unknown_remeasure_op": ["--sigs", str(sigs), "--remeasure-ops", "aten.mmm"],
+            "budget_nan": ["--sigs", str(sigs), "--budget-s", "nan"],
+            "budget_negative": ["--sigs", str(sigs), "--budget-s", "-5"],
+            "tiny_negative": ["--grid", "--tiny", "-1", "--kinds", "mm"]}.get(case, ["--sigs", str(sigs)])
+    r = run_collector("collect", "--gpu", "cpu", *args, *out)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not list((tmp_path / "cpu").glob("ops/*.parquet"))
+
+
+def _store_with_rows(folder: Path, n: int, status: str = "ok") -> tuple[list[dict], Provenance]:
+    from tp_query.collector.campaign import measure_point
+    from tp_query.collector.timing import ClosedFormTimer
+
+    dev = Device(cpu=True)
+    prov = dev.provenance()
+    pts = grid_points(kinds={"elementwise"}, tiny=n)[:n]
+    rows = [{**measure_point(p, dev, ClosedFormTimer(), 1, prov), "status": status} for p in pts]
+    return rows, prov
+
+
+def test_a_kill_while_superseded_rows_are_rewritten_is_finished_on_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retrying failed points rewrites the files that hold their failed rows, then writes the new chunk. Killed in
+    between, the rewritten file was never recorded: every later run and predict refused the database (checksum
+    mismatch). The write's intent is kept first, and the next open finishes it and records those files."""
+    from tp_query.collector import store as store_mod
+    from tp_query.schema import manifest
+
+    root, folder = tmp_path, tmp_path / "ops"
+    folder.mkdir()
+    failed, prov = _store_with_rows(folder, 3, status="error")
+    first = ChunkedStore(folder, "grid", OPS_SCHEMA, prov)
+    for r in failed:
+        first.append(r)
+    first.close()
+    manifest.verify(root, "cpu")
+    ok = [{**r, "status": "ok"} for r in failed[:2]]
+    retry = ChunkedStore(folder, "grid", OPS_SCHEMA, prov)
+    for r in ok:
+        retry.append(r)
+
+    def killed(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt("killed after the superseded rows went")
+
+    monkeypatch.setattr(store_mod, "write_table", killed)
+    with pytest.raises(KeyboardInterrupt):
+        retry.flush()
+    retry._lock.close()
+    monkeypatch.undo()
+    with pytest.raises(manifest.ManifestError, match="checksum mismatch"):
+        manifest.verify(root, "cpu")
+    ChunkedStore(folder, "grid", OPS_SCHEMA, prov).close()
+    manifest.verify(root, "cpu")
+    rows = {r["key"]: r["status"] for r in _rows(folder)}
+    assert len(rows) == len(_rows(folder)) == 3
+    assert sorted(rows.values()) == ["error", "ok", "ok"]
+
+
+def test_a_rerun_records_no_file_the_interrupted_write_did_not_name(tmp_path: Path) -> None:
+    """Killed after its chunk was recorded and before its journal went, a run left a journal whose rows are all
+    done; the next open re-hashed every chunk of the campaign into the manifest, so a file edited meanwhile
+    was recorded as good. Now only what an interrupted write named is recorded: the edit stays refused."""
+    import pyarrow.compute as pc
+    from tp_query.schema import manifest
+
+    root, folder = tmp_path, tmp_path / "ops"
+    folder.mkdir()
+    rows, prov = _store_with_rows(folder, 3)
+    st = ChunkedStore(folder, "grid", OPS_SCHEMA, prov)
+    for r in rows:
+        st.append(r)
+    st._write_chunk(st.buffer)  # the chunk written and recorded; the journal not yet removed: the kill
+    st._lock.close()
+    chunk = next(folder.glob("grid-*.parquet"))
+    pf = pq.ParquetFile(chunk)
+    t = pf.read()
+    t = t.set_column(t.schema.get_field_index("latency_us"), "latency_us", pc.multiply(t.column("latency_us"), 100.0))
+    pq.write_table(t.replace_schema_metadata(pf.schema_arrow.metadata), chunk)
+    ChunkedStore(folder, "grid", OPS_SCHEMA, prov).close()
+    with pytest.raises(manifest.ManifestError, match="checksum mismatch"):
+        manifest.verify(root, "cpu")
+
+
+def test_a_new_software_stack_measures_its_own_rows(tmp_path: Path) -> None:
+    """The operator table keeps each torch/CUDA/cuDNN stack's rows apart (the engine chooses one); a campaign under
+    a new torch found every point 'already done' from the old stack's rows and measured nothing."""
+    from dataclasses import replace
+
+    from tp_query.collector.timing import ClosedFormTimer
+
+    pts = grid_points(kinds={"elementwise"}, tiny=2)
+    dev = Device(cpu=True)
+    old = replace(dev.provenance(), torch="2.0.0+old")
+    rows, _ = _store_with_rows(tmp_path, len(pts))
+    st = ChunkedStore(tmp_path, "grid", OPS_SCHEMA, old)
+    for r in rows:
+        st.append({**r, "torch": "2.0.0+old"})
+    st.close()
+    res = run_campaign(pts, tmp_path, dev, progress=False, timer=ClosedFormTimer())
+    assert res.skipped_done == 0 and res.measured == len(pts)
+    again = run_campaign(pts, tmp_path, dev, progress=False, timer=ClosedFormTimer())
+    assert again.measured == 0 and again.skipped_done == len(pts)
+
+
+def test_written_files_are_readable_under_the_umask(tmp_path: Path) -> None:
+    """mkstemp makes 0600 files: a shared database's chunks and manifest were unreadable to its other users."""
+    from tp_query.schema import manifest
+
+    old = os.umask(0o022)
+    try:
+        folder = tmp_path / "ops"
+        folder.mkdir()
+        rows, prov = _store_with_rows(folder, 2)
+        st = ChunkedStore(folder, "grid", OPS_SCHEMA, prov)
+        for r in rows:
+            st.append(r)
+        st.close()
+    finally:
+        os.umask(old)
+    for f in [*folder.glob("*.parquet"), tmp_path / manifest.MANIFEST_NAME]:
+        assert f.stat().st_mode & 0o777 == 0o644, f

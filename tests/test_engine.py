@@ -159,6 +159,15 @@ def test_framework_and_data_parallel_flavours(eng: Engine) -> None:
     mp = eng.predict(req(dp=2, zero=3, setting=Setting.MP_BF16))
     bf = eng.predict(req(dp=2, zero=3, setting=Setting.BF16))
     assert mp.memory["optimizer_gib"] > bf.memory["optimizer_gib"]  # fp32 master weights and moments
+    # FSDP2 in fp16 keeps its gradients finite with torch.amp.GradScaler: the step unscales the fp32 gradients
+    # with an inf check, reads the flag on the host and updates the scale (mp_fp16 had none of it, and came out
+    # faster than mp_bf16); bf16 needs no scaler
+    mp16 = eng.predict(req(dp=2, zero=3, setting=Setting.MP_FP16), with_ops=True)
+    scaler_ops = {"aten._amp_foreach_non_finite_check_and_unscale_.default", "aten._amp_update_scale_.default"}
+    assert scaler_ops <= {r.op for r in mp16.ops if r.phase == "opt"}
+    assert not scaler_ops & {r.op for r in eng.predict(req(dp=2, zero=3, setting=Setting.MP_BF16), with_ops=True).ops}
+    unscale = next(r for r in mp16.ops if r.op.startswith("aten._amp_foreach_non_finite"))
+    assert unscale.precision == "fp32"  # the master copies' gradients, as FSDP2's fp32 reduce-scatter leaves them
 
 
 def test_megatron_core_is_its_own_graph_and_refuses_what_it_cannot_run(eng: Engine) -> None:

@@ -159,6 +159,10 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("pp_fewer_micro_batches", lambda f: _predict(f, "llama", "--pp", "2")),  # Schedule1F1B refuses it
     ("torch_zero1", lambda f: _predict(f, "llama", "--dp", "2", "--zero", "1")),  # no such PyTorch stack
     ("torch_ddp_master_weights", lambda f: _predict(f, "llama", "--dp", "2", "--precision", "mp_bf16")),
+    # fp32 master weights on PyTorch are FSDP2's: one GPU (or TP alone) has no such stack
+    ("torch_master_weights_one_gpu", lambda f: _predict(f, "llama", "--precision", "mp_fp16")),
+    # torchao's weight-gradient _scaled_mm runs over micro-batch x sequence, which CUDA needs a multiple of 16
+    ("fp8_tokens_not_multiple_of_16", lambda f: _predict(f, "llama", "--precision", "fp8_rowwise", "--seq-len", "100")),
     # output files refused before any work (each was a raw exception after it, or a folder made silently)
     ("plot_out_folder", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o", str(f["llama"].parent)]),
     ("plot_out_missing_folder", lambda f: ["plot", "breakdown", "--model", str(f["llama"]), "-o",
@@ -340,6 +344,15 @@ def shipped_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_shipped_database_verifies(shipped_copy: Path) -> None:
     assert manifest.verify(shipped_copy / "h200", "h200") >= 40
+
+
+def test_a_database_path_duckdb_would_read_as_a_pattern_is_refused(shipped_copy: Path, tmp_path: Path) -> None:
+    """DuckDB's read_parquet globs every file name: `db[1]` was verified as itself and read from a sibling `db1`
+    (a damaged copy's answer under a valid database's name). Such a path is refused, naming why."""
+    bracketed = tmp_path / "db[1]"
+    shutil.copytree(shipped_copy / "h200", bracketed / "h200")
+    with pytest.raises(DatabaseError, match="reads as a file pattern"):
+        Database("h200", bracketed)
     Database("h200", shipped_copy)
 
 
@@ -370,7 +383,7 @@ def test_two_hundred_random_bit_flips_are_all_caught(shipped_copy: Path) -> None
 @pytest.mark.parametrize("fault", ["foreign_copy", "truncated_comm", "missing_file", "no_manifest", "latency_x1000",
                                    "cpu_rows_adopted", "negative_calibration", "calibration_list",
                                    "negative_latency", "nan_latency", "zero_warm_latency", "negative_comm",
-                                   "warm_latency_1e12",
+                                   "warm_latency_1e12", "null_latency", "negative_flops",
                                    "nan_framework", "damaged_framework_page", "h100_rows_in_h200_file",
                                    "two_torch_stacks_in_comm", "calibration_out_of_bounds", "calibration_unknown_key",
                                    "comm_copied_in", "comm_over_pcie", "status_column_dropped", "zero_overlap_time"])
@@ -410,16 +423,22 @@ def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fa
         write_table(base / "ops" / "zz-cpu.parquet", [], OPS_SCHEMA, prov)
         manifest.adopt(base, "h200")
         match = "measured on 'cpu'"
-    elif fault in ("negative_latency", "nan_latency", "zero_warm_latency", "negative_comm", "warm_latency_1e12"):
-        # values edited in place and the files re-adopted: the checksums agree, the values cannot be times
+    elif fault in ("negative_latency", "nan_latency", "zero_warm_latency", "negative_comm", "warm_latency_1e12",
+                   "null_latency", "negative_flops"):
+        # values edited in place and the files re-adopted: the checksums agree, the values cannot be times (a
+        # successful row without its latency was a TypeError in predict; a negative FLOP count moved the answer)
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         f = sorted((base / "comm").glob("*.parquet"))[0] if fault == "negative_comm" else ops[0]
         t = pq.read_table(f)
-        col = "latency_warm_us" if fault in ("zero_warm_latency", "warm_latency_1e12") else "latency_us"
+        col = "latency_warm_us" if fault in ("zero_warm_latency", "warm_latency_1e12") else \
+            "flops" if fault == "negative_flops" else "latency_us"
         vals = t.column(col).to_pylist()
-        vals[len(vals) // 2] = {"nan_latency": float("nan"), "zero_warm_latency": 0.0,
+        if fault == "null_latency":
+            assert t.column("status").to_pylist()[len(vals) // 2] == "ok"
+        vals[len(vals) // 2] = {"nan_latency": float("nan"), "zero_warm_latency": 0.0, "null_latency": None,
+                                "negative_flops": -1e9,
                                 "warm_latency_1e12": 1e12}.get(fault, -abs(vals[0] or 1.0))
         t = t.set_column(t.schema.get_field_index(col), col, pa.array(vals, t.schema.field(col).type))
         pq.write_table(t, f)

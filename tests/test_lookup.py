@@ -305,7 +305,7 @@ def test_attention_seed_scalars_do_not_split_a_category() -> None:
             call = attention_bwd_call(op, 1, h, h, s, 128, DType.FP32, True)
             info = describe(call, False)
             assert info.dtypes == "fp32,i64"
-            t = 1e-4 * h * s * s / 1024
+            t = 0.1 * h * s * s / 1024  # (above fp32's compute peak for these FLOPs, as any real kernel)
             rows.append({"key": call_key(call.op, call.to_json_str(), info.math_mode), "op": call.op,
                          "family": "attention", "precision": "fp32", "math_mode": "", "dtypes": info.dtypes,
                          "flops": info.flops, "bytes": info.bytes, "latency_us": t, "latency_warm_us": t,
@@ -319,7 +319,7 @@ def test_attention_seed_scalars_do_not_split_a_category() -> None:
     q = Query(call_key(traced.op, traced.to_json_str(), info.math_mode), traced.op, info)
     e = LatencyModel(FakeDb(rows), H200).estimate([q])[q.key]
     assert e.source == Source.INTERPOLATED
-    assert e.cold_us == pytest.approx(1e-4 * 16 * 2896 ** 2 / 1024, rel=0.02)
+    assert e.cold_us == pytest.approx(0.1 * 16 * 2896 ** 2 / 1024, rel=0.02)
 
 
 def test_a_padded_view_is_its_own_gemm_category() -> None:
@@ -426,3 +426,50 @@ def test_a_half_precision_past_its_grid_takes_the_other_halfs_bracketing_points(
     near = query(704, 1496, 1096, dtype=DType.FP16)
     e = lm.estimate([near])[near.key]
     assert e.source == Source.INTERPOLATED and e.cold_us == pytest.approx(law_fp16(704, 1496, 1096), rel=1e-9)
+
+
+def test_inside_every_axis_but_past_the_largest_work_measured_is_extrapolated() -> None:
+    """A FLOP-capped, scattered grid spans each axis apart: a call inside every axis's range can still do more work
+    than any point measured (a 4096 x 131072 x 131072 GEMM against points that stop at 32768 on two axes). Its
+    efficiency is carried past the data, so it is labelled extrapolated (the warning and --strict count it); a
+    call within the measured work stays interpolated."""
+    from tp_query.engine.lookup import Category, Point
+
+    pts = [Point((m, n), m * n * 1e-6 / 0.5, m * n * 1e-6 / 0.5, m * n * 1e-6)
+           for m, n in ((2 ** 8, 2 ** 14), (2 ** 14, 2 ** 8), (2 ** 11, 2 ** 11), (2 ** 9, 2 ** 12), (2 ** 12, 2 ** 9),
+                        (2 ** 10, 2 ** 13), (2 ** 13, 2 ** 10))]
+    cat = Category(pts, log_space=True)
+    big, small = (2 ** 13.5, 2 ** 13.5), (2 ** 10.5, 2 ** 10.5)
+    assert cat.inside(big) and cat.multilinear(big) is None and cat.inside(small)
+    assert cat.estimate(big, big[0] * big[1] * 1e-6)[2] == Source.EXTRAPOLATED
+    assert cat.estimate(small, small[0] * small[1] * 1e-6)[2] == Source.INTERPOLATED
+
+
+def test_a_compute_bound_call_takes_no_efficiency_from_another_precision() -> None:
+    """An operator measured only in fp32 (memory-efficient attention's forward: CUDA cores, 51 TFLOP/s) says
+    nothing of its half-precision kernel on tensor cores: holding fp32's efficiency against bf16's 776 TFLOP/s
+    priced bf16 attention at head size 512 four times fast. A compute-bound call in another precision is a miss
+    (said, and refused under --strict); a bandwidth-bound one still holds the other precision's efficiency."""
+    rows = []
+    for e in range(8, 13):
+        n = 2 ** e
+        call = gemm_layout_call(n, n, n, "nt", DType.FP32)
+        info = describe(call, False)
+        t = compute_bound_us(n, n, n) * PEAK / H200.peak_flops[Precision.FP32]
+        rows.append({"key": f"k{e}", "op": call.op, "family": "gemm", "precision": "fp32", "math_mode": "",
+                     "dtypes": info.dtypes, "flops": info.flops, "bytes": info.bytes, "latency_us": t,
+                     "latency_warm_us": t, **info.features})
+    lm = LatencyModel(FakeDb(rows), H200)
+    q = query(2048, 2048, 2048)  # bf16, compute-bound
+    e = lm.estimate([q])[q.key]
+    assert e.source == Source.MISS
+
+
+def test_no_estimate_is_faster_than_the_compute_peak() -> None:
+    """Whatever a lookup holds or blends, a call's time is at least its FLOPs at the GPU's datasheet peak."""
+    lm = LatencyModel(table(lambda m, n, k: 1.0, (256, 512, 1024)), H200)  # impossible points: 1 us at any size
+    q = query(16384, 16384, 16384)
+    e = lm.estimate([q])[q.key]
+    assert H200.datasheet_flops is not None
+    floor_us = 2.0 * 16384 ** 3 / H200.datasheet_flops[Precision.BF16] * 1e6
+    assert e.cold_us == pytest.approx(floor_us, rel=1e-12) and e.warm_us == pytest.approx(floor_us, rel=1e-12)

@@ -33,9 +33,22 @@ def _dtype(d: str) -> tuple[tuple[str, Scalar], ...]:
     (OpCall("aten.arange.start", (10, 4106)), 4096, 8 * 4096),
     (OpCall("aten.arange.start_step", (0, 4096, 3)), 1366, 8 * 1366),
     (OpCall("aten.scalar_tensor.default", (float("-inf"),), _dtype("fp32")), 1, 4),
-    # new_zeros reads nothing of its tensor but is costed with it (2 x 2048 fp32 read, 2048 x 8 written)
-    (OpCall("aten.new_zeros.default", (TensorSpec((2048, 2), DType.FP32), [2048, 8])), 2048 * 8,
-     4 * (2048 * 2 + 2048 * 8)),
+    # new_zeros reads nothing of its tensor (it lends dtype and device): its output alone, also where the template
+    # is the larger (a [65536, 2048] template was filed at 134M elements and blended with real 134M fills)
+    (OpCall("aten.new_zeros.default", (TensorSpec((2048, 2), DType.FP32), [2048, 8])), 2048 * 8, 4 * 2048 * 8),
+    (OpCall("aten.new_zeros.default", (TensorSpec((65536, 2048), DType.BF16), [8192, 2048])), 8192 * 2048,
+     2 * 8192 * 2048),
+    # gathers: one element per index position, read from the source and written (x[idx] by 262,144 indices
+    # writes 2.1 GB, by 4,096 indices 16 MB: they were one point at the source's size)
+    (OpCall("aten.index.Tensor", (TensorSpec((4096, 2048), DType.BF16), [TensorSpec((262144,), DType.I64)])),
+     262144 * 2048, 262144 * 8 + 2 * 2 * 262144 * 2048),
+    (OpCall("aten.index.Tensor", (TensorSpec((4096, 128256), DType.FP32), [TensorSpec((4096,), DType.I64),
+                                                                           TensorSpec((4096,), DType.I64)])),
+     4096, 2 * 4096 * 8 + 2 * 4 * 4096),  # a loss's target pick: 4,096 elements, not the 525M logits
+    (OpCall("aten.index_select.default", (TensorSpec((32, 5760), DType.BF16), 0, TensorSpec((16384,), DType.I64))),
+     16384 * 5760, 16384 * 8 + 2 * 2 * 16384 * 5760),
+    (OpCall("aten.gather.default", (TensorSpec((4096, 128256), DType.FP32), 1, TensorSpec((4096, 1), DType.I64))),
+     4096, 4096 * 8 + 2 * 4 * 4096),
     # an empty gradient still writes the whole input size
     (OpCall("aten.slice_backward.default", (TensorSpec((4096, 1, 4, 0), DType.BF16), [4096, 1, 4, 128], 3, 128,
                                             2 ** 63 - 1, 1)), 4096 * 4 * 128, 2 * 4096 * 4 * 128),
@@ -169,3 +182,28 @@ def test_shipped_rows_carry_the_features_their_signatures_derive() -> None:
         if diff:
             bad.append(f"{d['op']} {d['signature'][:80]}: {sorted(diff)}")
     assert not bad, f"{len(bad)} rows disagree, e.g. {bad[:3]}"
+
+
+@pytest.mark.parametrize("case", ["one", "adjacent", "apart", "middle", "select", "gather"])
+def test_gather_output_shapes_are_atens(case: str) -> None:
+    """A gather's output shape, from its signature, is the one ATen returns (advanced indices adjacent or apart,
+    broadcast among themselves; index_select along a dimension; gather as its index)."""
+    import torch
+    from tp_query.schema.ops import gather_output_shape
+
+    x = torch.zeros(4, 5, 6, 7)
+    i3, i21 = torch.zeros(3, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long)
+    spec = {torch.float32: DType.FP32, torch.int64: DType.I64}
+
+    def ts(t: torch.Tensor | None) -> TensorSpec | None:
+        return None if t is None else TensorSpec(tuple(t.shape), spec[t.dtype])
+
+    op, args = {"one": ("aten.index.Tensor", (x, [i3])), "adjacent": ("aten.index.Tensor", (x, [None, i3, i21])),
+                "apart": ("aten.index.Tensor", (x, [None, i3, None, i3])),
+                "middle": ("aten.index.Tensor", (x, [None, None, i21])),
+                "select": ("aten.index_select.default", (x, 2, i3)),
+                "gather": ("aten.gather.default", (x, 1, torch.zeros(4, 2, 6, 7, dtype=torch.long)))}[case]
+    want = tuple(eval(op.replace("aten.", "torch.ops.aten."))(*args).shape)  # noqa: S307 (a fixed op name)
+    call = OpCall(op, tuple([ts(a) for a in v] if isinstance(v, list) else ts(v) if isinstance(v, torch.Tensor)
+                            else v for v in args))
+    assert gather_output_shape(call) == want

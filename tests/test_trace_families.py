@@ -152,3 +152,16 @@ def test_fp8_refuses_a_model_of_linear_subclasses_only() -> None:
     spec = parse_config(cfg, "falcon-tiny")
     with pytest.raises(TraceError, match="FalconLinear"):
         trace_config(TraceRequest(spec, Setting.FP8_TENSORWISE, 1, 32, traced_layers=1))
+
+
+def test_fp8_refuses_a_model_torchao_converts_nothing_of() -> None:
+    """GPT-2's projections are transformers' Conv1D, not nn.Linear: convert_to_float8_training converts none of
+    them, and the fp8 answer was bf16's time to the digit under fp8's name; the trace refuses it."""
+    pytest.importorskip("torchao")
+    from tp_query.engine.trace.capture import TraceError
+
+    cfg = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4, "n_layer": 1,
+           "vocab_size": 128, "n_positions": 64}
+    spec = parse_config(cfg, "gpt2-tiny")
+    with pytest.raises(TraceError, match="Conv1D"):
+        trace_config(TraceRequest(spec, Setting.FP8_TENSORWISE, 1, 32, traced_layers=1))

@@ -161,14 +161,24 @@ class MasterWeightsOptimizer:
         self.params = params
         self.master = [torch.nn.Parameter(p.detach().float()) for p in params]
         self.inner = make_optimizer(kind, self.master)
+        self._cast = False
 
     @property
     def state(self) -> Any:
         return self.inner.state
 
+    def cast_grads(self) -> torch.optim.Optimizer:
+        """The fp32 gradients on the master copies (FSDP2: its fp32 reduce-scatter's output), once per step; the
+        optimizer over them is what a grad scaler unscales (FSDP2 in fp16 with torch.amp.GradScaler)."""
+        if not self._cast:
+            for p, m in zip(self.params, self.master, strict=True):
+                m.grad = p.grad.float() if p.grad is not None else None
+            self._cast = True
+        return self.inner
+
     def step(self) -> None:
-        for p, m in zip(self.params, self.master, strict=True):
-            m.grad = p.grad.float() if p.grad is not None else None
+        self.cast_grads()
+        self._cast = False
         self.inner.step()
         with torch.no_grad():
             torch._foreach_copy_(list[torch.Tensor](self.params), list[torch.Tensor](self.master))
@@ -645,7 +655,7 @@ def _train_step(forward: Callable[[], Any], opt: torch.optim.Optimizer, scaler: 
         cap.partial_grads = _HostSet([p.grad for p in cap.partial_params if p.grad is not None])
         cap.open_window("opt")
     if scaler:
-        scaler.unscale_(opt)
+        scaler.unscale_(_scaled_optimizer(opt))
         if cap:
             cap.sync()
         opt.step()
@@ -657,6 +667,12 @@ def _train_step(forward: Callable[[], Any], opt: torch.optim.Optimizer, scaler: 
         cap.close_window("opt")
 
 
+def _scaled_optimizer(opt: Any) -> Any:
+    """The optimizer whose gradients a GradScaler unscales: with fp32 master weights, the master copies' (cast
+    first, as FSDP2's fp32 reduce-scatter leaves them)."""
+    return opt.cast_grads() if isinstance(opt, MasterWeightsOptimizer) else opt
+
+
 def _warm_state(params: list[torch.nn.Parameter], opt: Any, scaler: Any) -> None:
     """The state one training step leaves (optimizer moments and step counts, the grad scaler's scale and
     growth tracker), made by an optimizer step over zero gradients instead of a whole unrecorded step: the
@@ -666,7 +682,7 @@ def _warm_state(params: list[torch.nn.Parameter], opt: Any, scaler: Any) -> None
             p.grad = torch.zeros_like(p)
     if scaler is not None:
         scaler.scale(torch.zeros((), device=params[0].device))
-        scaler.unscale_(opt)
+        scaler.unscale_(_scaled_optimizer(opt))
         opt.step()
         scaler.update()
     else:
@@ -735,6 +751,11 @@ def _trace_config(req: TraceRequest, full_warmup_step: bool) -> Graph:
                 raise TraceError(f"{req.setting.value}: this model's Linear layers are subclasses of nn.Linear "
                                  f"({', '.join(fp8_kept)}), which tp-query leaves in bf16 (their own forward) while "
                                  "torchao's convert_to_float8_training converts them by default; not predicted")
+            if not converted:
+                # (GPT-2: its projections are transformers' Conv1D) torchao converts nothing: bf16's time, named fp8
+                raise TraceError(f"{req.setting.value}: no layer of this model is an nn.Linear that torchao's "
+                                 "convert_to_float8_training converts (GPT-2's projections are Conv1D), so the "
+                                 "step would run in bf16; not predicted")
         params = [p for p in model.parameters()]
         opt: Any
         if req.framework == "megatron":
@@ -744,7 +765,8 @@ def _trace_config(req: TraceRequest, full_warmup_step: bool) -> Graph:
             opt = MasterWeightsOptimizer(req.optimizer, params)
         else:
             opt = make_optimizer(req.optimizer, params)
-        scaler = torch.amp.GradScaler("cpu") if st.grad_scaler and not st.master_weights else None
+        # (Megatron's fp16 unscales in its own scaled copy; FSDP2 in fp16 takes torch.amp.GradScaler)
+        scaler = torch.amp.GradScaler("cpu") if st.grad_scaler and req.framework != "megatron" else None
         ac_dtype = torch_dtype(st.autocast_dtype) if st.autocast_dtype else None
         input_ids = torch.randint(0, req.spec.vocab_size, (req.micro_batch, req.seq_len))
         labels = input_ids

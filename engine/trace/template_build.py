@@ -131,7 +131,7 @@ def _fit_float(points: list[dict[str, int]], ys: list[float]) -> Form | None:
     return None
 
 
-def build_template(spec: ModelSpec, fields: dict[str, Any], ones: tuple[str, ...], trace_version: int,
+def build_template(spec: ModelSpec, fields: dict[str, Any], ones: tuple[str, ...], trace_version: int | str,
                    trace: Callable[[ModelSpec, dict[str, int]], Graph]) -> GraphTemplate:
     """Trace the build points with `trace(spec_at_point, dims)` and fit every number of the graph."""
     from . import capture
@@ -200,7 +200,7 @@ def build_shipped(spec: ModelSpec, settings: list[str], out_dir: str, optimizer:
 
     from tp_query.schema.precision import Setting
 
-    from ..graphcache import TRACE_VERSION
+    from ..graphcache import trace_version
     from ..parallel import ParallelConfig
     from ..request import setting_refusal
     from ..template import structure_key
@@ -208,14 +208,16 @@ def build_shipped(spec: ModelSpec, settings: list[str], out_dir: str, optimizer:
 
     built = 0
     for setting in settings:
-        # a setting predicted at TP=1 only (torchao float8) has no TP classes
-        tp_refused = bool(setting_refusal(Setting(setting), ParallelConfig(tp=2)))
+        # a setting predicted at TP=1 only (torchao float8) has no TP classes (asked under FSDP2, where every
+        # setting's data parallelism is modelled: fp32 master weights on PyTorch are FSDP2's)
+        tp_refused = bool(setting_refusal(Setting(setting), ParallelConfig(dp=2, tp=2, zero=3)))
         for tp_gt1 in (False,) if tp_refused else (False, True):
             for sp in ((False, True) if tp_gt1 else (False,)):
                 for rc in (False, True):
                     for ones in classes(tp_gt1, spec.num_heads == spec.num_kv_heads):
                         fields = {"setting": setting, "sp": sp, "rc": rc, "opt": optimizer, "fw": "torch"}
-                        key = structure_key(spec, fields, ones, TRACE_VERSION)
+                        version = trace_version(setting, "torch")
+                        key = structure_key(spec, fields, ones, version)
                         path = Path(out_dir) / f"{key}.json.gz"
                         if path.exists():
                             continue
@@ -225,7 +227,7 @@ def build_shipped(spec: ModelSpec, settings: list[str], out_dir: str, optimizer:
                             return trace_config(TraceRequest(s, Setting(setting), d["mb"], d["seq"], d["tp"],
                                                              sp and d["tp"] > 1, rc, optimizer))
                         try:
-                            t = build_template(spec, fields, ones, TRACE_VERSION, tr)
+                            t = build_template(spec, fields, ones, version, tr)
                         except ValueError as e:  # TemplateError, or the trace refuses the type
                             log(f"{setting} sp={sp} rc={rc} ones={ones}: not templated ({e})")
                             continue
