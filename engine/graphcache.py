@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from .template import GraphTemplate
 
 TRACE_VERSION = 18  # 18: autograd formulas traced in their eager (in-place) branch
-MEGATRON_TRACE_VERSION = 2  # Megatron-Core graphs only (templates do not hold them)
+MEGATRON_TRACE_VERSION = 3  # Megatron-Core graphs only (templates do not hold them); 3: full recompute reruns the
+# whole layer
 # PyTorch graphs of one setting traced anew since TRACE_VERSION (their cache keys and structural types change,
 # every other graph and shipped template stays): 1: fp16 with fp32 master weights (FSDP2's MixedPrecisionPolicy)
 # unscales its fp32 gradients with torch.amp.GradScaler

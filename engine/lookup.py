@@ -28,6 +28,8 @@ from tp_query.schema.gpus import GpuSpec
 from tp_query.schema.ops import FAMILIES, FEATURE_COLUMNS, CallInfo, Family, FamilySpec
 
 FLOOR_US = 2.0  # no kernel runs faster than this; keeps the roofline meaningful for tiny ops
+LAUNCH_BOUND_US = 4 * FLOOR_US  # a call whose roofline passes this moves enough bytes for bandwidth to tell
+LARGE_ROOFLINE_US = 50.0  # calls of this roofline and more (200 MB moved) show a family's large-call efficiency
 
 
 class Source(StrEnum):
@@ -368,6 +370,17 @@ class _FamilyPoints:
             self.by_name[(r["op"], r["precision"] == "int")].append(pt)
         effs = [p.eff_cold for ps in self.loose.values() for p in ps]
         self.default_eff = statistics.median(effs) if effs else 0.5
+        # the family's efficiency on large calls (well past the launch floor), per precision: what a category
+        # measured only at launch-bound sizes holds when a call is far larger
+        # (by precision and the family-exact features, such as an elementwise call's layout pattern, else by
+        # precision alone)
+        large: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
+        for key, ps in self.strict.items():
+            big = [p for p in ps if p.roofline_us >= LARGE_ROOFLINE_US]
+            large[(key[1], *key[4:])] += big
+            large[(key[1],)] += big
+        self.large_eff = {k: (statistics.median(p.eff_cold for p in ps), statistics.median(p.eff_warm for p in ps))
+                          for k, ps in large.items() if len(ps) >= 5}
         self._cats: dict[tuple[Any, ...], Category] = {}
         self._slowdowns: dict[tuple[Any, ...], Category] = {}
 
@@ -396,10 +409,23 @@ class _FamilyPoints:
         roof = roofline_us(q.info.flops, q.info.bytes, q.info.precision, self.gpu)
         ax = _axes(spec, q.info.features)
         if sk in self.strict:
-            c, w, src, n = self._category(("s", *sk), self.strict[sk]).estimate(ax, roof)
+            cat = self._category(("s", *sk), self.strict[sk])
+            c, w, src, n = cat.estimate(ax, roof)
             if src != Source.EXTRAPOLATED:
                 return Estimate(c, w, src, n)
-            return self._half_sibling(sk, ax, roof) or Estimate(c, w, src, n)
+            sib = self._half_sibling(sk, ax, roof)
+            if sib is not None:
+                return sib
+            eff = self.large_eff.get((sk[1], *sk[4:])) or self.large_eff.get((sk[1],))
+            peak = self.gpu.peak_flops.get(q.info.precision, min(self.gpu.peak_flops.values()))
+            if (eff is not None and cat.max_roofline_us <= FLOOR_US and roof >= LAUNCH_BOUND_US
+                    and q.info.bytes / self.gpu.hbm_bytes_per_s >= q.info.flops / peak):
+                # every point of the category sits at the launch floor (2k-8k elements: 1-2 us, an "efficiency"
+                # above 1 against bytes they barely move): held at a call of hundreds of MB it read 7 TB/s on
+                # a 4.3 TB/s GPU (sigmoid over 268 MB: 52 us, measured 82). A far larger bandwidth-bound call
+                # moves its bytes as the family's large calls do
+                return Estimate(roof / eff[0], roof / eff[1], Source.EXTRAPOLATED, n)
+            return Estimate(c, w, src, n)
         sib = self._half_sibling(sk, ax, roof)
         if sib is not None:
             return sib

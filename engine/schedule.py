@@ -418,11 +418,11 @@ class StepSchedule:
         hbm = self.eng.gpu.hbm_bytes_per_s
         if not torch_fw:
             # Megatron-Core's DDP as it ships (overlap_grad_reduce=False): after backward, the whole fp32
-            # gradient buffer is scaled by 1/DP and all-reduced (or reduce-scattered for the distributed
-            # optimizer, whose updated parameters are then all-gathered in their own dtype); nothing overlaps
+            # gradient buffer is all-reduced (or reduce-scattered for the distributed optimizer, whose updated
+            # parameters are then all-gathered in their own dtype); nothing overlaps. Its 1/DP scaling is an
+            # operator of the backward graph (compose.megatron_grad_scaling), not counted here again.
             # With expert parallelism the routed experts' part reduces over its own replicas (DP / EP).
             buf = 4.0 * s.param_numel
-            scale_us = 2e6 * buf / hbm
             expert = s.expert_numel if par.ep > 1 else 0
             dense_share = (s.param_numel - expert) / max(s.param_numel, 1)
 
@@ -433,9 +433,9 @@ class StepSchedule:
             # the dense part over DP (ranks TP apart), the routed experts' over their replicas (TP x EP apart)
             groups = ((par.dp, dense_share, par.tp), (par.expert_dp, 1.0 - dense_share, par.tp * par.ep))
             if par.zero == 0:
-                return scale_us + sum(over("all_reduce", buf * f, r, st) for r, f, st in groups)
-            return scale_us + sum(over("reduce_scatter", buf * f, r, st) + over("all_gather", s.param_bytes * f, r, st)
-                                  for r, f, st in groups)
+                return sum(over("all_reduce", buf * f, r, st) for r, f, st in groups)
+            return sum(over("reduce_scatter", buf * f, r, st) + over("all_gather", s.param_bytes * f, r, st)
+                       for r, f, st in groups)
         if par.zero == 0:
             return ddp_overhead(shape, comm, inter)
         if par.zero >= 2 and torch_fw:  # FSDP2: every micro-batch gathers and reduce-scatters

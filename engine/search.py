@@ -431,9 +431,12 @@ def common_reason(outcomes: list[Outcome]) -> str:
 
 def _megatron_model_args(spec: ModelSpec) -> list[str]:
     """pretrain_gpt.py's model flags for a parsed config as the prediction built it (Megatron-Core's local spec)."""
+    if not float(spec.rope_theta).is_integer():  # arguments.py: --rotary-base is type=int
+        raise SearchError(f"rope_theta {spec.rope_theta:g} is no whole number, and Megatron-LM's --rotary-base takes "
+                          "an integer: no launch line")
     a = [f"--num-layers {spec.num_layers}", f"--hidden-size {spec.hidden_size}",
          f"--num-attention-heads {spec.num_heads}", f"--max-position-embeddings {spec.max_position_embeddings}",
-         "--position-embedding-type rope", f"--rotary-base {spec.rope_theta:g}", "--normalization RMSNorm",
+         "--position-embedding-type rope", f"--rotary-base {int(spec.rope_theta)}", "--normalization RMSNorm",
          *(["--use-rope-scaling"] if spec.rope_type == "llama3" else []),
          f"--norm-epsilon {spec.norm_eps:g}", "--attention-dropout 0", "--hidden-dropout 0",
          "--transformer-impl local", "--tokenizer-type NullTokenizer", f"--vocab-size {spec.vocab_size}"]
@@ -502,7 +505,13 @@ def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node
         args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}",
                 f"--micro-batch-size {p.micro_batch}", f"--global-batch-size {p.global_batch}",
                 f"--seq-length {seq_len}"]
-        args.append({"mp_bf16": "--bf16", "mp_fp16": "--fp16", "bf16": "--bf16", "fp16": "--fp16"}.get(prec, ""))
+        args.append({"mp_bf16": "--bf16", "mp_fp16": "--fp16 --accumulate-allreduce-grads-in-fp32", "bf16": "--bf16",
+                     "fp16": "--fp16"}.get(prec, ""))  # (fp32 gradient reduction, as priced: --bf16 implies it)
+        # what was priced, where Megatron-LM's defaults differ: no apex weight-gradient fusion (without apex the
+        # build fails), the unfused softmax in fp32 (the fused one needs its compiled kernel), no NaN check of
+        # every gradient buffer each step
+        args.append("--no-gradient-accumulation-fusion --no-masked-softmax-fusion --attention-softmax-in-fp32 "
+                    "--no-check-for-nan-in-loss-and-grad")
         if p.sequence_parallel:
             args.append("--sequence-parallel")
         if p.zero >= 1:

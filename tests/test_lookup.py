@@ -473,3 +473,36 @@ def test_no_estimate_is_faster_than_the_compute_peak() -> None:
     assert H200.datasheet_flops is not None
     floor_us = 2.0 * 16384 ** 3 / H200.datasheet_flops[Precision.BF16] * 1e6
     assert e.cold_us == pytest.approx(floor_us, rel=1e-12) and e.warm_us == pytest.approx(floor_us, rel=1e-12)
+
+
+def test_a_category_measured_only_at_the_launch_floor_takes_the_familys_large_call_efficiency() -> None:
+    """An elementwise operator measured at 2k-8k elements only (1.5 us each: an 'efficiency' above 1 against the
+    2 us floor) held that efficiency for a call of hundreds of MB, and read 7 TB/s on a 4.3 TB/s GPU. A call that
+    far past a launch-bound category moves its bytes as the family's large calls of its precision and layout do
+    (here every large mul runs at 75% of the roofline); one near the floor still holds its category's points."""
+    from tp_query.engine.lookup import LAUNCH_BOUND_US
+
+    rows = []
+
+    def row(op: str, n: int, t: float) -> None:
+        call = OpCall(op, (TensorSpec((n,), DType.BF16),))
+        info = describe(call, False)
+        rows.append({"key": f"{op}{n}", "op": op, "family": "elementwise", "precision": "bf16", "math_mode": "",
+                     "dtypes": info.dtypes, "flops": info.flops, "bytes": info.bytes, "latency_us": t,
+                     "latency_warm_us": t, **info.features})
+
+    for e in (11, 12, 13):
+        row("aten.sigmoid.default", 2 ** e, 1.5)
+    for e in range(24, 31):  # another unary of the same layout, measured large
+        n = 2 ** e
+        row("aten.neg.default", n, roofline_us(0.0, 4.0 * n, Precision.BF16, H200) / 0.75)
+    lm = LatencyModel(FakeDb(rows), H200)
+    big = OpCall("aten.sigmoid.default", (TensorSpec((2 ** 27,), DType.BF16),))
+    info = describe(big, False)
+    e = lm.estimate([Query("big", big.op, info)])["big"]
+    roof = roofline_us(info.flops, info.bytes, info.precision, H200)
+    assert roof > LAUNCH_BOUND_US and e.source == Source.EXTRAPOLATED
+    assert e.warm_us == pytest.approx(roof / 0.75, rel=1e-9) and e.cold_us == pytest.approx(roof / 0.75, rel=1e-9)
+    small = OpCall("aten.sigmoid.default", (TensorSpec((2 ** 15,), DType.BF16),))
+    # (at the floor too: its nearest point's 1.5 us)
+    assert lm.estimate([Query("small", small.op, describe(small, False))])["small"].warm_us == pytest.approx(1.5)

@@ -446,6 +446,17 @@ def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Pa
     assert "# optimizer as priced: torch's SGD without momentum" in r.stdout
     assert "--optimizer sgd" in r.stdout and f"--num-layers {TINY_LLAMA['num_hidden_layers']} " in r.stdout
     assert f"--hidden-size {TINY_LLAMA['hidden_size']} " in r.stdout and "--swiglu" in r.stdout
+    # Megatron-LM's defaults that would run (or fail to build) something else than was priced: apex's weight-gradient
+    # fusion, the fused softmax in bf16, a NaN check of every gradient buffer; --rotary-base is an integer there
+    for flag in ("--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--attention-softmax-in-fp32",
+                 "--no-check-for-nan-in-loss-and-grad", f"--rotary-base {int(TINY_LLAMA.get('rope_theta', 10000))} "):
+        assert flag in r.stdout, flag
+    big_theta = tmp_path / "theta.json"
+    big_theta.write_text(json.dumps({**TINY_LLAMA, "rope_theta": 1e6}))
+    r16 = run_cli(*[big_theta if a == str(tiny_llama_file) else ("mp_fp16" if a == "mp_bf16" else a) for a in mcore],
+                  "--emit", "megatron")
+    assert r16.returncode == 0 and "--rotary-base 1000000 " in r16.stdout, r16.stderr
+    assert "--fp16 --accumulate-allreduce-grads-in-fp32" in r16.stdout  # fp32 reduction, as priced
     # Megatron-LM pads the vocabulary to 128 x TP unless told otherwise; the prediction priced the model's own
     padded = bool(TINY_LLAMA["vocab_size"] % (128 * best["tp"]))
     assert ("--make-vocab-size-divisible-by 1" in r.stdout) == padded

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 from tp_query.engine import template
 from tp_query.engine.graph import Graph
-from tp_query.engine.graphcache import TRACE_VERSION, graph_for, trace_fields
+from tp_query.engine.graphcache import TRACE_VERSION, graph_for, trace_fields, trace_version
 from tp_query.engine.parallel import ParallelConfig
 from tp_query.engine.request import PredictRequest
 from tp_query.engine.trace.capture import TraceRequest, trace_config
@@ -167,7 +167,8 @@ def _shipped_equals_real_trace(example: str, setting: Setting, tp: int, sp: bool
     req = PredictRequest(model=cfg, model_name="cut", gpu="cpu", setting=setting, parallel=par, seq_len=1000)
     dims = template.dims_of(spec, par.micro_batch, req.seq_len, par.tp)
     assert dims is not None
-    key = template.structure_key(spec, trace_fields(req), template.ones_of(dims), TRACE_VERSION)
+    key = template.structure_key(spec, trace_fields(req), template.ones_of(dims),
+                                 trace_version(setting.value, "torch"))
     t = template.find(key)
     assert t is not None and t.covers(dims), f"no shipped template {key} for {example} {setting.value} tp={tp} sp={sp}"
     g = t.instantiate(dims, spec.to_dict())

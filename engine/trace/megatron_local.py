@@ -424,3 +424,18 @@ class MegatronGPT(CausalLM):
         self.embed = MegatronEmbed(spec, shard)  # type: ignore[assignment]
         self.layers = nn.ModuleList([MegatronLayer(spec, shard) for _ in range(spec.num_layers)])
         self.head = MegatronHead(spec, shard, self.embed.embed_tokens if spec.tie_word_embeddings else None)  # type: ignore[assignment]
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+        hidden_states, position_embeddings = self.embed(input_ids)
+        for layer in self.layers:
+            if self.shard.recompute and self.training:
+                # Megatron's full recompute (tensor_parallel/random.py CheckpointFunction) is reentrant: its
+                # backward runs the whole layer again, fc2, its TP all-reduce and the residual add included, where
+                # torch's non-reentrant checkpoint stops at the last tensor saved for backward
+                with set_checkpoint_early_stop(False):
+                    hidden_states = checkpoint(layer, hidden_states, position_embeddings, use_reentrant=False)
+            else:
+                hidden_states = layer(hidden_states, position_embeddings)
+        return self.head(hidden_states, labels)
