@@ -435,9 +435,12 @@ def db_path(gpu: GpuOpt = "h200", db: DbOpt = None) -> None:
     def go() -> None:
         nonlocal gpu
         gpu = _gpu_key(gpu)  # H100 as h100; an unknown name refused as predict refuses it
+        from tp_query.engine.db import is_remote, missing_database
+
+        if db is not None and not db.strip():  # as every other command refuses it (it named the default)
+            raise UserError(missing_database(db, gpu))
         root = db or default_root()
         where = f"{str(root).rstrip('/')}/{gpu}"
-        from tp_query.engine.db import is_remote, missing_database
 
         if not is_remote(root) and not (Path(where) / "ops").is_dir():
             raise UserError(missing_database(str(root), gpu))
@@ -754,6 +757,7 @@ def plot(
             meta = graph_meta if isinstance(graph_meta, dict) else {}
             seq = seq_len if seq_len is not None else int(meta.get("seq_len") or 4096)
             mb = micro_batch if micro_batch is not None else int(meta.get("micro_batch") or 1)
+            notes: list[str] = []  # said once the chart is drawn (a refused input is one error line alone)
             if not precision and meta:  # a graph file answers for its own precision
                 precs = [_setting(str(meta.get("setting", "amp_bf16")))]
             elif not precision:
@@ -763,8 +767,7 @@ def plot(
 
                 if importlib.util.find_spec("torchao") is None:  # the fp8 settings trace torchao itself
                     precs = [s for s in precs if not SETTINGS[s].fp8_recipe]
-                    typer.echo("note: fp8_tensorwise and fp8_rowwise left out (pip install torchao==0.18.0)",
-                               err=True)
+                    notes.append("note: fp8_tensorwise and fp8_rowwise left out (pip install torchao==0.18.0)")
                 # the default list holds the settings this split models; asked for by name, one is refused
                 from tp_query.engine.parallel import ParallelConfig
                 from tp_query.engine.request import setting_refusal
@@ -773,8 +776,8 @@ def plot(
                 left = [s for s in precs if setting_refusal(s, split, seq)]
                 if left:
                     precs = [s for s in precs if s not in left]
-                    typer.echo(f"note: {', '.join(s.value for s in left)} left out: "
-                               f"{setting_refusal(left[0], split, seq)}", err=True)
+                    notes.append(f"note: {', '.join(s.value for s in left)} left out: "
+                                 f"{setting_refusal(left[0], split, seq)}")
             with _Status(f"predicting {len(precs)} settings"):
                 labels, parts = P.breakdown_across(
                     [(s.value, api_predict(model, gpu=gpu, db=db, precision=s, dp=dp, tp=tp, pp=pp,
@@ -782,6 +785,8 @@ def plot(
                                            pp_schedule=pp_schedule)) for s in precs])
             P.save(P.Chart("bars", f"{model.stem}: one iteration (DP{dp} TP{tp} PP{pp})", "", "ms",
                            labels=labels, parts=parts), out)
+            for n in notes:
+                typer.echo(n, err=True)
         elif what == "latency":
             from tp_query.engine.db import Database
 
@@ -844,6 +849,13 @@ def report(
         if calibration_out is not None and not fit:
             raise UserError("--calibration-out writes the fitted host model: it needs --fit (the default)")
         _check_output(out, "--out", (".md",))  # its .json and -scatter.svg are written beside it
+        if calibration_out is not None:  # checked before minutes of assembling and fitting
+            _check_output(calibration_out, "--calibration-out", (".json",))
+            beside = {out.resolve(), out.with_suffix(".json").resolve(),
+                      out.with_name(out.stem + "-scatter.svg").resolve()}
+            if calibration_out.resolve() in beside:
+                raise UserError(f"--calibration-out {calibration_out} is a file the report writes (--out {out} "
+                                "writes its .md, .json and -scatter.svg): name another")
         eng = Engine(gpu, db)
         rows = load_rows(validation, eng.gpu.name)
         if not rows:

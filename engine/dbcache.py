@@ -50,6 +50,8 @@ class DatabaseError(TpQueryError, RuntimeError):
 # the code that derives what a snapshot holds (its bytes are part of the fingerprint)
 _READERS = (Path(__file__).with_name("db.py"), Path(__file__),
             Path(__file__).resolve().parent.parent / "schema" / "tables.py")
+SHIPPED_MAX_BYTES = 64 << 20  # the shipped one is under 2 MB
+SHIPPED_MAX_UNPACKED = 256 << 20  # the shipped one unpacks to 10 MB
 SHIPPED_NAME = "snapshot.json.gz"  # beside a GPU's manifest: the snapshot built with the database (make snapshot)
 SHIPPED_FORMAT = "tp-query-db-snapshot/2"  # a header line, then the files
 
@@ -105,7 +107,13 @@ def read_shipped(path: Path, fp: str | None) -> dict[str, Any] | None:
     """A shipped snapshot's reads when it was built from the database of fingerprint `fp` and its payload is
     the bytes its header hashed; None otherwise (none, damaged, edited or stale: every read derived instead)."""
     try:
-        raw = gzip.decompress(path.read_bytes())
+        # a regular file, read within bounds: a FIFO waited forever, /dev/zero or a gzip bomb grew to gigabytes
+        if not path.is_file() or path.stat().st_size > SHIPPED_MAX_BYTES:
+            return None
+        with gzip.open(path, "rb") as f:
+            raw = f.read(SHIPPED_MAX_UNPACKED + 1)
+        if len(raw) > SHIPPED_MAX_UNPACKED:
+            return None
         head_b, sep, body = raw.partition(b"\n")
         head = json.loads(head_b)
         if not sep or not isinstance(head, dict) or head.get("format") != SHIPPED_FORMAT or \

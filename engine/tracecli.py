@@ -15,6 +15,8 @@ from tp_query.schema.precision import SETTINGS, Setting
 
 from .graph import Graph
 
+MAX_SOURCE_BYTES = 16 << 20
+
 
 def _load_callable(ref: str) -> Callable[..., Any]:
     if ":" not in ref:
@@ -24,6 +26,11 @@ def _load_callable(ref: str) -> Callable[..., Any]:
         path = Path(mod_ref)
         if not path.exists():
             raise ConfigError(f"no such file: {path}")
+        # a FIFO waited for a writer forever, and /dev/zero grew the import to gigabytes: a source file is a
+        # regular file of a source's size
+        if not path.is_file() or path.stat().st_size > MAX_SOURCE_BYTES:
+            raise ConfigError(f"{path}: not a Python source file (a regular file of at most "
+                              f"{MAX_SOURCE_BYTES >> 20} MiB)")
         spec = importlib.util.spec_from_file_location(f"_tpq_user_{path.stem}", path)
         if spec is None or spec.loader is None:
             raise ConfigError(f"cannot import {path}")

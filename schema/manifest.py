@@ -41,6 +41,9 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
+    """The file's checksum; a FIFO or a device under a data file's name is refused, not read (it hung)."""
+    if not path.is_file():
+        raise ManifestError(f"{path}: not a regular file")
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -76,6 +76,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "mlp_bias": cfg("mb", mlp_bias=True),
         "gelu_mlp": cfg("gm", hidden_act="gelu"),
         "attn_dropout": cfg("ad", attention_dropout=0.1),
+        "gradient_checkpointing": cfg("gc", gradient_checkpointing=True),  # transformers recomputes: say so
     }
     for name, obj in (  # whole files (not changes of the Llama config)
             ("gpt2_cross_attention", {"model_type": "gpt2", "n_layer": 2, "add_cross_attention": True}),
@@ -122,6 +123,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out["graph_empty_meta"] = g
     (d / "dangling.csv").symlink_to(d / "no-such-folder" / "x.csv")
     out["dangling"] = d / "dangling.csv"
+    os.mkfifo(d / "fifo.py")  # a source file that is a FIFO waited for a writer forever
+    out["fifo_source"] = d / "fifo.py"
     return out
 
 
@@ -147,7 +150,8 @@ BAD_INPUTS: list[tuple[str, object]] = [
         "dims_as_strings", "dims_as_bool", "dims_as_float", "rope_negative", "tie_as_string", "unknown_arch",
         "arch_not_list", "unknown_act", "model_type_int", "rope_scaling_string", "rope_factor_negative",
         "two_architectures", "duplicate_key", "digits_5000", "gemma2_window_null", "attn_eager",
-        "router_logits_on", "gpt2_cross_attention", "gpt2_two_widths", "gemma3_two_ties")],
+        "router_logits_on", "gpt2_cross_attention", "gpt2_two_widths", "gemma3_two_ties",
+        "gradient_checkpointing")],
     ("system_unknown_key", lambda f: _predict(f, "llama", "--system", str(f["system_typo"]))),
     # flags
     ("micro_batch_zero", lambda f: _predict(f, "llama", "--micro-batch", "0")),
@@ -159,6 +163,14 @@ BAD_INPUTS: list[tuple[str, object]] = [
     ("pp_fewer_micro_batches", lambda f: _predict(f, "llama", "--pp", "2")),  # Schedule1F1B refuses it
     ("torch_zero1", lambda f: _predict(f, "llama", "--dp", "2", "--zero", "1")),  # no such PyTorch stack
     ("torch_ddp_master_weights", lambda f: _predict(f, "llama", "--dp", "2", "--precision", "mp_bf16")),
+    # outputs and sources checked before any work
+    ("report_calibration_over_its_json", lambda f: ["report", "--out", str(f["llama"].parent / "r.md"),
+                                                    "--calibration-out", str(f["llama"].parent / "r.json")]),
+    ("report_calibration_to_a_folder", lambda f: ["report", "--calibration-out", str(f["llama"].parent)]),
+    ("trace_fifo_source", lambda f: ["trace", f"{f['fifo_source']}:build", "-o", str(f["llama"].parent / "g.json")]),
+    ("db_path_empty", lambda f: ["db", "path", "--db", ""]),
+    ("plot_missing_model", lambda f: ["plot", "breakdown", "--model", "/nonexistent/m.json", "-o",
+                                      str(f["llama"].parent / "p.svg")]),
     # fp32 master weights on PyTorch are FSDP2's: one GPU (or TP alone) has no such stack
     ("torch_master_weights_one_gpu", lambda f: _predict(f, "llama", "--precision", "mp_fp16")),
     # torchao's weight-gradient _scaled_mm runs over micro-batch x sequence, which CUDA needs a multiple of 16
@@ -344,6 +356,28 @@ def shipped_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_shipped_database_verifies(shipped_copy: Path) -> None:
     assert manifest.verify(shipped_copy / "h200", "h200") >= 40
+
+
+def test_files_that_are_no_regular_files_are_refused_unread(shipped_copy: Path, tmp_path: Path) -> None:
+    """A snapshot that is /dev/zero or a gzip bomb grew `db verify` to gigabytes, a FIFO hung it; a data file that
+    is a FIFO hung `db manifest --adopt`. Neither is read now: the snapshot is unused, the adoption refused."""
+    from tp_query.engine.dbcache import SHIPPED_NAME, read_shipped
+
+    base = tmp_path / "db" / "h200"
+    shutil.copytree(shipped_copy / "h200", base)
+    (base / SHIPPED_NAME).unlink(missing_ok=True)
+    (base / SHIPPED_NAME).symlink_to("/dev/zero")
+    assert read_shipped(base / SHIPPED_NAME, "any") is None
+    (base / SHIPPED_NAME).unlink()
+    with gzip.open(base / SHIPPED_NAME, "wb", compresslevel=9) as f:  # 1 GiB of zeros inflated
+        for _ in range(1024):
+            f.write(b"0" * (1 << 20))
+    assert read_shipped(base / SHIPPED_NAME, "any") is None
+    victim = sorted((base / "ops").glob("*.parquet"))[0]
+    victim.unlink()
+    os.mkfifo(victim)
+    with pytest.raises(manifest.ManifestError, match="not a regular file"):
+        manifest.adopt(base, "h200")
 
 
 def test_a_database_path_duckdb_would_read_as_a_pattern_is_refused(shipped_copy: Path, tmp_path: Path) -> None:
