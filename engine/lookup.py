@@ -370,10 +370,9 @@ class _FamilyPoints:
             self.by_name[(r["op"], r["precision"] == "int")].append(pt)
         effs = [p.eff_cold for ps in self.loose.values() for p in ps]
         self.default_eff = statistics.median(effs) if effs else 0.5
-        # the family's efficiency on large calls (well past the launch floor), per precision: what a category
-        # measured only at launch-bound sizes holds when a call is far larger
-        # (by precision and the family-exact features, such as an elementwise call's layout pattern, else by
-        # precision alone)
+        # the family's efficiency on large calls (well past the launch floor), by precision and the family-exact
+        # features (an elementwise call's layout pattern), and by precision alone: what a category measured only
+        # at launch-bound sizes holds when a call is far larger
         large: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
         for key, ps in self.strict.items():
             big = [p for p in ps if p.roofline_us >= LARGE_ROOFLINE_US]
@@ -417,9 +416,8 @@ class _FamilyPoints:
             if sib is not None:
                 return sib
             eff = self.large_eff.get((sk[1], *sk[4:])) or self.large_eff.get((sk[1],))
-            peak = self.gpu.peak_flops.get(q.info.precision, min(self.gpu.peak_flops.values()))
             if (eff is not None and cat.max_roofline_us <= FLOOR_US and roof >= LAUNCH_BOUND_US
-                    and q.info.bytes / self.gpu.hbm_bytes_per_s >= q.info.flops / peak):
+                    and self._bandwidth_bound(q)):
                 # every point of the category sits at the launch floor (2k-8k elements: 1-2 us, an "efficiency"
                 # above 1 against bytes they barely move): held at a call of hundreds of MB it read 7 TB/s on
                 # a 4.3 TB/s GPU (sigmoid over 268 MB: 52 us, measured 82). A far larger bandwidth-bound call
@@ -445,8 +443,7 @@ class _FamilyPoints:
             c, w, _, n = self._category(("o", *pk), self.by_op[pk]).estimate(ax, roof)
             return Estimate(c, w, Source.EXTRAPOLATED, n)
         nk = (q.op, str(q.info.precision) == "int")
-        peak = self.gpu.peak_flops.get(q.info.precision, min(self.gpu.peak_flops.values()))
-        if nk in self.by_name and roof > 0 and q.info.bytes / self.gpu.hbm_bytes_per_s >= q.info.flops / peak:
+        if nk in self.by_name and roof > 0 and self._bandwidth_bound(q):
             # the same operator in another precision: its efficiency against its own roofline, held at these
             # axes (a memory-bound kernel moves bytes about as well in fp32 as in bf16). Not a compute-bound one:
             # fp32's efficiency against CUDA cores says nothing of a half-precision kernel's against tensor cores
@@ -455,6 +452,11 @@ class _FamilyPoints:
             if n:
                 return Estimate(roof * c, roof * w, Source.EXTRAPOLATED, n)
         return Estimate(roof / self.default_eff, roof / self.default_eff, Source.MISS, 0)
+
+    def _bandwidth_bound(self, q: Query) -> bool:
+        """Whether the call's bytes, not its FLOPs, set its roofline (what an efficiency may carry across kernels)."""
+        peak = self.gpu.peak_flops.get(q.info.precision, min(self.gpu.peak_flops.values()))
+        return q.info.bytes / self.gpu.hbm_bytes_per_s >= q.info.flops / peak
 
     def _half_sibling(self, sk: tuple[Any, ...], ax: tuple[float, ...], roof: float) -> Estimate | None:
         """A half-precision call whose own category is missing or ends before these axes, from the other half
