@@ -243,8 +243,9 @@ class ChunkedStore:
         refused for good, and re-hashing every chunk on recovery recorded a tampered one as good)."""
         keys = {tuple(r[c] for c in self.key_columns) for r in rows}
         path = self._next_chunk()
+        holding = self._holding(keys)
         intent = {"chunk": path.name, "keys": sorted(([list(k) for k in keys]), key=json.dumps),
-                  "rewrite": [p.name for p in self._holding(keys)]}
+                  "rewrite": [p.name for p in holding]}
         text = json.dumps(intent, default=str)
         fd, tmp = tempfile.mkstemp(prefix=self._intent.name + ".", suffix=".tmp", dir=self.folder)
         with os.fdopen(fd, "w") as f:
@@ -252,7 +253,7 @@ class ChunkedStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._intent)
-        changed = self._drop_superseded(keys, exclude=path)
+        changed = self._drop_superseded(keys, holding)
         write_table(path, rows, self.schema, self.provenance)
         self._record([*changed, path])
         self._intent.unlink()
@@ -267,30 +268,28 @@ class ChunkedStore:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise StoreError(f"{self._intent}: an interrupted write's record is unreadable ({first_line(e)}); "
                              "check the folder against `tp-query db verify`") from None
-        chunk = self.folder / str(intent["chunk"])
-        self._drop_superseded(keys, exclude=chunk)
+        self._drop_superseded(keys, [self.folder / str(n) for n in intent["rewrite"]])
         self._record([self.folder / n for n in names])
         self._intent.unlink()
 
-    def _holding(self, keys: set[tuple[Any, ...]]) -> list[Path]:
-        """This GPU's files holding a row of these keys."""
-        out = []
-        for p in sorted(self.folder.glob("*.parquet")):
-            t = read_columns(p, list(self.key_columns) + self._gpu_column).to_pydict()
-            if any(tuple(x) in keys and mine for x, mine in
-                   zip(zip(*(t[c] for c in self.key_columns), strict=True), self._mine(t), strict=True)):
-                out.append(p)
-        return out
+    def _hits(self, p: Path, keys: set[tuple[Any, ...]]) -> list[bool]:
+        """Which of a file's rows are this GPU's rows of these keys."""
+        t = read_columns(p, list(self.key_columns) + self._gpu_column).to_pydict()
+        return [tuple(x) in keys and mine for x, mine in
+                zip(zip(*(t[c] for c in self.key_columns), strict=True), self._mine(t), strict=True)]
 
-    def _drop_superseded(self, keys: set[tuple[Any, ...]], exclude: Path | None = None) -> list[Path]:
+    def _holding(self, keys: set[tuple[Any, ...]]) -> list[Path]:
+        """This GPU's files holding a row of these keys (a new chunk's keys: it does not exist yet)."""
+        return [p for p in sorted(self.folder.glob("*.parquet")) if any(self._hits(p, keys))]
+
+    def _drop_superseded(self, keys: set[tuple[Any, ...]], files: list[Path]) -> list[Path]:
+        """Rows of these keys dropped from the files that hold them (named by _holding; after a kill, some are
+        rewritten or gone already)."""
         changed = []
-        for p in sorted(self.folder.glob("*.parquet")):
-            if p == exclude:
+        for p in files:
+            if not p.exists():
                 continue
-            cols = list(self.key_columns)
-            t = read_columns(p, cols + self._gpu_column).to_pydict()
-            hit = [tuple(x) in keys and mine
-                   for x, mine in zip(zip(*(t[c] for c in cols), strict=True), self._mine(t), strict=True)]
+            hit = self._hits(p, keys)
             if not any(hit):
                 continue
             full = pq.read_table(p)

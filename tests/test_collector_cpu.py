@@ -27,6 +27,19 @@ def _rows(folder: Path) -> list[dict]:
     return rows
 
 
+def _flush_killed_at(monkeypatch: pytest.MonkeyPatch, store: ChunkedStore, module: object, name: str) -> None:
+    """The store's flush killed where it calls module.name: the process is gone, and its folder lock with it."""
+
+    def killed(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt(f"killed at {name}")
+
+    monkeypatch.setattr(module, name, killed)
+    with pytest.raises(KeyboardInterrupt):
+        store.flush()
+    store._lock.close()
+    monkeypatch.undo()
+
+
 def test_plan_is_deterministic_and_keyed() -> None:
     a = grid_points(kinds=KINDS, tiny=2)
     b = grid_points(kinds=KINDS, tiny=2)
@@ -103,14 +116,7 @@ def test_a_kill_between_a_chunk_and_its_manifest_entry_is_recorded_on_rerun(
     for r in rows:
         store.append(r)
 
-    def killed(*a: object, **k: object) -> None:
-        raise KeyboardInterrupt("killed before the manifest entry")
-
-    monkeypatch.setattr(manifest, "record", killed)
-    with pytest.raises(KeyboardInterrupt):
-        store.flush()
-    store._lock.close()  # the process is gone: its lock with it
-    monkeypatch.undo()
+    _flush_killed_at(monkeypatch, store, manifest, "record")  # before the manifest entry
     with pytest.raises(manifest.ManifestError):
         manifest.verify(root, "cpu")
     (folder / ".grid-00009.parquet.abc.tmp").write_bytes(b"cut")
@@ -427,7 +433,8 @@ def test_bad_collector_input_is_one_line_and_exit_2(tmp_path: Path, case: str) -
     assert not list((tmp_path / "cpu").glob("ops/*.parquet"))
 
 
-def _store_with_rows(folder: Path, n: int, status: str = "ok") -> tuple[list[dict], Provenance]:
+def _measured_rows(n: int, status: str = "ok") -> tuple[list[dict], Provenance]:
+    """n elementwise points measured by the closed-form timer, with this status, and the provenance they carry."""
     from tp_query.collector.campaign import measure_point
     from tp_query.collector.timing import ClosedFormTimer
 
@@ -448,7 +455,7 @@ def test_a_kill_while_superseded_rows_are_rewritten_is_finished_on_rerun(
 
     root, folder = tmp_path, tmp_path / "ops"
     folder.mkdir()
-    failed, prov = _store_with_rows(folder, 3, status="error")
+    failed, prov = _measured_rows(3, status="error")
     first = ChunkedStore(folder, "grid", OPS_SCHEMA, prov)
     for r in failed:
         first.append(r)
@@ -459,14 +466,7 @@ def test_a_kill_while_superseded_rows_are_rewritten_is_finished_on_rerun(
     for r in ok:
         retry.append(r)
 
-    def killed(*a: object, **k: object) -> None:
-        raise KeyboardInterrupt("killed after the superseded rows went")
-
-    monkeypatch.setattr(store_mod, "write_table", killed)
-    with pytest.raises(KeyboardInterrupt):
-        retry.flush()
-    retry._lock.close()
-    monkeypatch.undo()
+    _flush_killed_at(monkeypatch, retry, store_mod, "write_table")  # after the superseded rows went
     with pytest.raises(manifest.ManifestError, match="checksum mismatch"):
         manifest.verify(root, "cpu")
     ChunkedStore(folder, "grid", OPS_SCHEMA, prov).close()
@@ -485,7 +485,7 @@ def test_a_rerun_records_no_file_the_interrupted_write_did_not_name(tmp_path: Pa
 
     root, folder = tmp_path, tmp_path / "ops"
     folder.mkdir()
-    rows, prov = _store_with_rows(folder, 3)
+    rows, prov = _measured_rows(3)
     st = ChunkedStore(folder, "grid", OPS_SCHEMA, prov)
     for r in rows:
         st.append(r)
@@ -511,7 +511,7 @@ def test_a_new_software_stack_measures_its_own_rows(tmp_path: Path) -> None:
     pts = grid_points(kinds={"elementwise"}, tiny=2)
     dev = Device(cpu=True)
     old = replace(dev.provenance(), torch="2.0.0+old")
-    rows, _ = _store_with_rows(tmp_path, len(pts))
+    rows, _ = _measured_rows(len(pts))
     st = ChunkedStore(tmp_path, "grid", OPS_SCHEMA, old)
     for r in rows:
         st.append({**r, "torch": "2.0.0+old"})
@@ -530,7 +530,7 @@ def test_written_files_are_readable_under_the_umask(tmp_path: Path) -> None:
     try:
         folder = tmp_path / "ops"
         folder.mkdir()
-        rows, prov = _store_with_rows(folder, 2)
+        rows, prov = _measured_rows(2)
         st = ChunkedStore(folder, "grid", OPS_SCHEMA, prov)
         for r in rows:
             st.append(r)
