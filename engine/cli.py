@@ -193,6 +193,11 @@ def _guard(fn: Any) -> Any:
         _fail(first_line(e))
 
 
+def _report_files(out: Path) -> tuple[Path, Path, Path]:
+    """What `report --out X.md` writes: the markdown, its JSON and its scatter plot beside it."""
+    return out, out.with_suffix(".json"), out.with_name(out.stem + "-scatter.svg")
+
+
 def _check_output(path: Path, flag: str, suffixes: tuple[str, ...]) -> None:
     """An output file checked before any work: its kind by suffix, an existing writable folder, not a folder
     or a dangling link itself (each was a raw exception after the work, or a folder made silently)."""
@@ -851,9 +856,7 @@ def report(
         _check_output(out, "--out", (".md",))  # its .json and -scatter.svg are written beside it
         if calibration_out is not None:  # checked before minutes of assembling and fitting
             _check_output(calibration_out, "--calibration-out", (".json",))
-            beside = {out.resolve(), out.with_suffix(".json").resolve(),
-                      out.with_name(out.stem + "-scatter.svg").resolve()}
-            if calibration_out.resolve() in beside:
+            if calibration_out.resolve() in {f.resolve() for f in _report_files(out)}:
                 raise UserError(f"--calibration-out {calibration_out} is a file the report writes (--out {out} "
                                 "writes its .md, .json and -scatter.svg): name another")
         eng = Engine(gpu, db)
@@ -882,13 +885,13 @@ def report(
             series.append(plot.Series(st.value, [c.measured_ms for c in cs], [c.predicted_ms for c in cs]))
         svg = plot.scatter_loglog([s for s in series if s.xs], "Predicted vs measured iteration time (H200)",
                                   "measured ms", "predicted ms")
-        plot_path = out.with_name(out.stem + "-scatter.svg")
+        _, out_json, plot_path = _report_files(out)
         plot.write(svg, plot_path)
         prov = eng.db.info().provenance
         out.write_text(report_markdown(study.cases, host, summ, plot_path.name, prov, eng.framework.instances(),
                                        fitted=fit, validation_dir=f"{validation.as_posix().rstrip('/')}/",
                                        database_dir=_shown_path(Path(db or default_root()) / gpu)))
-        out.with_suffix(".json").write_text(json.dumps(
+        out_json.write_text(json.dumps(
             {"summary": summ, "host_model": dataclasses.asdict(host),
              "cases": [{**dataclasses.asdict(c), "ape": c.ape} for c in study.cases]}, indent=1, default=str))
         a, h = summ["all"], summ["holdout"]

@@ -33,6 +33,7 @@ from .request import (
     PredictError,
     Prediction,
     PredictRequest,
+    checkpointing_refusal,
     setting_refusal,
 )
 from .schedule import SectionSummary
@@ -237,7 +238,7 @@ class Engine:
         if isinstance(req.seq_len, bool) or not isinstance(req.seq_len, int) or not 1 < req.seq_len <= MAX_SEQ:
             # a causal LM's loss predicts each next token: one token leaves nothing to train on
             raise PredictError(f"sequence length must be an integer in 2..{MAX_SEQ}, got {req.seq_len!r}")
-        why = setting_refusal(req.setting, par, req.seq_len) or par.unmodelled() or _checkpointing_refusal(req)
+        why = setting_refusal(req.setting, par, req.seq_len) or par.unmodelled() or checkpointing_refusal(req)
         if why:
             raise PredictError(why)
         if req.seq_len * par.micro_batch > MAX_TOKENS:
@@ -260,16 +261,3 @@ class Engine:
 def _graph_key(req: PredictRequest) -> str:
     """What a config request's graph depends on: the model and the trace fields."""
     return json.dumps({"model": req.model, **trace_fields(req)}, sort_keys=True, default=str)
-
-
-def _checkpointing_refusal(req: PredictRequest) -> str:
-    """A config that turns gradient checkpointing on (transformers' from_config honours `gradient_checkpointing`)
-    while the request has no recompute: one of them would be ignored (Llama was predicted without it, Qwen3 with
-    it), so the request must say it."""
-    cfg = req.model if isinstance(req.model, dict) else {}
-    on = [c.get("gradient_checkpointing") for c in (cfg, cfg.get("text_config")) if isinstance(c, dict)]
-    if any(v is True for v in on) and not req.parallel.recompute:
-        return ("the config sets gradient_checkpointing: true (transformers then recomputes every layer): predict "
-                "with --recompute full (recompute=True), or drop the key")
-    return ""
-

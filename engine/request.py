@@ -96,6 +96,18 @@ def setting_refusal(setting: Setting, par: ParallelConfig, seq_len: int | None =
     return ""
 
 
+def checkpointing_refusal(req: PredictRequest) -> str:
+    """A config that turns gradient checkpointing on (transformers' from_config honours `gradient_checkpointing`)
+    while the request has no recompute: one of them would be ignored (Llama was predicted without it, Qwen3 with
+    it), so the request must say it."""
+    cfg = req.model if isinstance(req.model, dict) else {}
+    on = [c.get("gradient_checkpointing") for c in (cfg, cfg.get("text_config")) if isinstance(c, dict)]
+    if any(v is True for v in on) and not req.parallel.recompute:
+        return ("the config sets gradient_checkpointing: true (transformers then recomputes every layer): predict "
+                "with --recompute full (recompute=True), or drop the key")
+    return ""
+
+
 @dataclass(frozen=True)
 class OpRow:
     phase: str

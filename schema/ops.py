@@ -1281,8 +1281,9 @@ def _elementwise_features(c: OpCall) -> Features:
         numel = upd
     else:
         numel = max((t.numel for t in ts), default=0)
-    feats: Features = {"_update": upd is not None}  # read by _elementwise_bytes; describe() keeps it private
     out = output_numel(c)
+    # read by _elementwise_bytes; describe() keeps them private
+    feats: Features = {"_update": upd is not None, "_gather": c.op in GATHER_OPS and out is not None}
     if out is not None:
         # a gather or a new_* factory is its output's size: neither reads its source whole (a new_zeros of
         # [8192, 2048] from a [65536, 2048] template was filed at 134M elements, blended with real 134M fills)
@@ -1306,7 +1307,7 @@ def _elementwise_bytes(c: OpCall, f: Features) -> float:
     reads = sum(t.nbytes for t in ts)
     if c.op.startswith("aten.new_") and c.op in SIZE_ARG_OPS:
         reads = 0  # the template lends its dtype and device only
-    elif c.op in GATHER_OPS and ts and output_numel(c) is not None:
+    elif f["_gather"] and ts:
         # the index, and one source element per output element, written in the source's dtype
         out_item = ts[0].dtype.itemsize
         reads = sum(t.nbytes for t in ts[1:]) + f["numel"] * out_item
