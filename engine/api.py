@@ -32,22 +32,39 @@ from .search import search as _search
 __all__ = ["ParallelConfig", "Prediction", "SearchResult", "TpQueryError", "engine", "predict", "prediction_frame",
            "search"]
 
-_ENGINES: dict[tuple[str, str | None, str | None], Engine] = {}
+_ENGINES: dict[tuple[str, str | None, str | None, Any], Engine] = {}
 
 
-def engine(gpu: str = "h200", db: str | None = None, torch_version: str | None = None) -> Engine:
-    """A shared engine per (GPU, database, software stack): graphs and lookups are reused across calls. The
-    database is the one the call names now: a relative folder from the current directory, none given
-    $TP_QUERY_DB as it is set now (a changed one, or another directory, is another engine)."""
+def engine(gpu: str = "h200", db: str | None = None, torch_version: str | None = None,
+           system: str | Path | None = None) -> Engine:
+    """A shared engine per (GPU, database, software stack, cluster): graphs and lookups are reused across calls.
+    The database is the one the call names now: a relative folder from the current directory, none given
+    $TP_QUERY_DB as it is set now (a changed one, or another directory, is another engine). system: a preset
+    name or a TOML system file (`--system`): GPUs per node, NVLink and network figures, price."""
     gpu, db, torch_version = _where(gpu, db, torch_version)
+    sysspec = _system(system)
     where = db if db is not None else os.environ.get(DB_ENV) or None
     if where is not None and not is_remote(where):
         where = str(Path(where).expanduser().absolute())
-    key = (gpu.strip().lower(), where, torch_version)
+    key = (gpu.strip().lower(), where, torch_version, sysspec)
     with ENGINE_LOCK:
         if key not in _ENGINES:
-            _ENGINES[key] = Engine(gpu, where, torch_version=torch_version)
+            _ENGINES[key] = Engine(gpu, where, sysspec, torch_version=torch_version)
         return _ENGINES[key]
+
+
+def _system(system: Any, error: type[TpQueryError] = PredictError) -> Any:
+    """The cluster a system= names (None: one 8-GPU host of the GPU's own links), refused as the caller's error."""
+    if system is None:
+        return None
+    if not isinstance(system, str | Path) or not str(system):
+        raise error(f"system= must be a preset name or a TOML file path, got {system!r}"[:200])
+    from tp_query.schema.system import SystemError_, load_system
+
+    try:
+        return load_system(str(system))
+    except SystemError_ as e:
+        raise error(str(e)) from None
 
 
 def _model(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -87,7 +104,7 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
             zero: int | None = None, recompute: bool | None = None, strict: bool = False, with_ops: bool = False,
             framework: str | None = None, pp_schedule: str | None = None, ddp_bucket_view: bool | None = None,
             ep: int | None = None, moe_imbalance: float = 1.0, parallel: ParallelConfig | None = None,
-            torch_version: str | None = None) -> Prediction:
+            torch_version: str | None = None, system: str | Path | None = None) -> Prediction:
     """One prediction; the split as keywords (those left out take ParallelConfig's defaults: DP=TP=PP=1, ...), or
     as a ParallelConfig (`parallel=`), not both. Every refusal is a TpQueryError with a one-line message."""
     gpu, db, torch_version = _where(gpu, db, torch_version)
@@ -110,7 +127,7 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
     req = PredictRequest(model=cfg, model_name=name, gpu=gpu, setting=parse_setting(precision), parallel=par,
                          seq_len=_plain(seq_len), optimizer=optimizer, strict=strict, db_root=db,
                          moe_imbalance=_plain(moe_imbalance), torch_version=torch_version)
-    return engine(gpu, db, torch_version).predict(req, with_ops=with_ops, host_range=True)
+    return engine(gpu, db, torch_version, system).predict(req, with_ops=with_ops, host_range=True)
 
 
 def _distinct(what: str, values: Any, parse: Callable[[Any], Any]) -> tuple[Any, ...]:
@@ -129,21 +146,29 @@ def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, 
            precisions: list[str | Setting] | tuple[str | Setting, ...] = (Setting.AMP_BF16,), gpu: str = "h200",
            db: str | None = None, tokens: float | None = None, price_per_gpu_hour: float | None = None,
            optimizer: str = "adamw", micro_batches: tuple[int, ...] | list[int] = (1, 2, 4, 8),
-           framework: str = "torch", torch_version: str | None = None, jobs: int | None = None) -> SearchResult:
+           framework: str = "torch", torch_version: str | None = None, jobs: int | None = None,
+           system: str | Path | None = None, pp_schedules: list[str] | tuple[str, ...] | None = None) -> SearchResult:
     """Every parallel configuration of `gpus` GPUs for this global batch, ranked. The price needs `tokens` (a cost
-    is job hours x GPUs x price). With jobs > 1 the candidates are evaluated in spawned processes, which import
-    the calling script again: a script that calls search at top level needs `if __name__ == "__main__":`."""
+    is job hours x GPUs x price); without price_per_gpu_hour, the system's price. pp_schedules: those tried with
+    PP > 1 (default every one the framework runs). With jobs > 1 the candidates are evaluated in spawned processes,
+    which import the calling script again: a script that calls search at top level needs
+    `if __name__ == "__main__":`."""
     gpu, db, torch_version = _where(gpu, db, torch_version, SearchError)
+    sysspec = _system(system, SearchError)
     cfg, name = _model(model)
     if price_per_gpu_hour is not None and tokens is None:
         raise SearchError("price_per_gpu_hour prices a job: give tokens= too (job hours = tokens / tokens per second)")
     space = SearchSpace(_plain(gpus), _plain(global_batch), _plain(seq_len),
                         _distinct("precisions", precisions, parse_setting),
                         _distinct("micro_batches", micro_batches, _plain),
-                        optimizer=optimizer, framework=framework)
-    eng = engine(gpu, db, torch_version)
+                        optimizer=optimizer, framework=framework,
+                        pp_schedules=None if pp_schedules is None else _distinct("pp_schedules", pp_schedules, str))
+    eng = engine(gpu, db, torch_version, system)
+    price = price_per_gpu_hour if price_per_gpu_hour is not None or sysspec is None else sysspec.price_per_gpu_hour
+    if price is not None and tokens is None:
+        price = None  # a system's price prices a job only with its token budget, as the CLI does
     with ENGINE_LOCK:  # the planner's evaluation fills the engine's caches in the calling thread
-        return _search(eng, cfg, space, _plain(tokens), _plain(price_per_gpu_hour), name, jobs=_plain(jobs))
+        return _search(eng, cfg, space, _plain(tokens), _plain(price), name, jobs=_plain(jobs))
 
 
 def prediction_frame(p: Prediction) -> Any:

@@ -609,8 +609,12 @@ def search(
     torch_version: TorchOpt = None,
     jobs: Annotated[int, typer.Option(help="processes tracing the model's graphs and evaluating the candidates "
                                            "(0: the machine's cores, at most 8)")] = 0,
+    pp_schedule: Annotated[list[str] | None, typer.Option(
+        "--pp-schedule", help="pipeline schedules to try with PP > 1 (default every one the framework runs: "
+                              "torch 1f1b gpipe interleaved, megatron 1f1b interleaved)")] = None,
 ) -> None:
-    """Search DP/TP/PP, micro-batch, precision, SP, ZeRO and recomputation for N GPUs; rank by speed."""
+    """Search DP/TP/PP, micro-batch, precision, SP, ZeRO, recomputation, pipeline schedule and DDP's bucket view
+    for N GPUs; rank by speed."""
 
     def go() -> None:
         from tp_query.engine.predict import Engine
@@ -635,7 +639,8 @@ def search(
             raise UserError(f"--top must be 0 (every configuration) or more, got {top}")
         precs = list(Setting) if precision and "all" in precision else [_setting(p) for p in (precision or ["amp_bf16"])]
         space = SearchSpace(gpus, global_batch, seq_len, tuple(precs), tuple(micro_batch or (1, 2, 4, 8)),
-                            optimizer=optimizer, framework=framework)
+                            optimizer=optimizer, framework=framework,
+                            pp_schedules=tuple(pp_schedule) if pp_schedule else None)
         cfg = load_model_file(model)
         if str(cfg.get("format", "")).startswith("tp-query-graph"):
             raise UserError(f"{model} is a graph file, traced at one split and precision: search takes the "
@@ -656,7 +661,7 @@ def search(
             with progress:
                 # the rows shown with --json carry their sources and warnings; the table names #1's
                 # rows written to --output carry them all
-                explain = 1 << 30 if output is not None else (top or 10) if as_json else 1
+                explain = 1 << 30 if output is not None else (top or 1 << 30) if as_json else 1
                 res = run_search(Engine(gpu, db, sysspec, torch_version), cfg, space, tokens, price, model.stem,
                                  prog, jobs=jobs, explain=explain)
         except SearchError as e:
@@ -686,12 +691,13 @@ def search(
                                       spec=parse_config(cfg)))
             return
         if as_json:
-            typer.echo(json.dumps({"evaluated": res.evaluated, "seconds": res.seconds,
+            typer.echo(json.dumps({"evaluated": res.evaluated, "seconds": res.seconds, "gpu": res.gpu,
+                                   "seq_len": res.seq_len, "optimizer": res.optimizer,
                                    "ranked": [o.row() for o in shown],
                                    "rejected": [o.row() for o in res.rejected] if show_unfit else []},
                                   indent=1, default=float))
             return
-        head = f"{'#':>3} {'configuration':<42} {'iter ms':>9} {'tokens/s':>11} {'GiB':>6}"
+        head = f"{'#':>3} {'configuration':<52} {'iter ms':>9} {'tokens/s':>11} {'GiB':>6}"
         if tokens:
             head += f" {'days':>7}"
         if price is not None and tokens:
@@ -699,7 +705,7 @@ def search(
         lines = [f"{res.evaluated} configurations evaluated ({res.seconds:.1f} s, "
                  f"{res.evaluated / max(res.eval_seconds, 1e-9):,.0f}/s after tracing); {len(res.ranked)} fit", head]
         for i, o in enumerate(shown, 1):
-            line = f"{i:>3} {o.candidate.label():<42} {o.iteration_ms:>9.1f} {o.tokens_per_s:>11,.0f} " \
+            line = f"{i:>3} {o.candidate.label():<52} {o.iteration_ms:>9.1f} {o.tokens_per_s:>11,.0f} " \
                    f"{o.peak_memory_gib:>6.1f}"
             if o.job_hours is not None:
                 line += f" {o.job_hours / 24:>7.1f}"
@@ -715,7 +721,7 @@ def search(
             lines.append("")
             lines.append("not evaluated or not fitting:")
             for o in res.rejected:
-                lines.append(f"    {o.candidate.label():<42} {o.reason}")
+                lines.append(f"    {o.candidate.label():<52} {o.reason}")
         typer.echo("\n".join(lines))
 
     _guard(go)

@@ -101,7 +101,7 @@ class FrameworkData:
     # a planner asks the same few questions for every candidate: answers kept per view
     _per_op: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
     _scaler: dict[str, float | None] = field(default_factory=dict, repr=False)
-    _copy_lines: dict[tuple[str, str, int], tuple[float, float] | None] = field(default_factory=dict, repr=False)
+    _copy_lines: dict[tuple[str, str, int], tuple[float, float, int] | None] = field(default_factory=dict, repr=False)
     # FSDP2's copy kernels (kind fsdp_copy in the framework table): GPU work, not a host instance's cost
     copies: list[dict[str, Any]] = field(default_factory=list)
     # host rows by (framework, kind, setting, phase, quantity), shared by the views of one table
@@ -140,18 +140,25 @@ class FrameworkData:
         """FSDP2's copy kernel `phase` (copy_in: the rank's shards into the all-gather input; copy_out: the
         all-gather output into the unsharded parameters; rs_copy_in: the unsharded gradients into the
         reduce-scatter input) for a unit of `unit_bytes` full bytes over `ranks`: the measured line of the
-        nearest world size and the element size's dtype (median over instances); None when not measured."""
+        nearest world size and the element size's dtype (median over instances); None when not measured. copy_in
+        moves the rank's shard, 1/ranks of the unit (its measured slope per full MiB halves from 2 to 4 to 8
+        ranks): another world size's slope is scaled by measured ranks / ranks. The other two move the whole
+        unit at any world size."""
         setting = "bf16" if itemsize <= 2 else "fp32"
         key = (phase, setting, ranks)
         if key not in self._copy_lines:
-            self._copy_lines[key] = self._copy_line(phase, setting, ranks)
+            line = self._copy_line(phase, setting, ranks)
+            if line is not None and phase == "copy_in":
+                line = (line[0], line[1] * line[2] / ranks, line[2])
+            self._copy_lines[key] = line
         line = self._copy_lines[key]
         if line is None or unit_bytes <= 0:
             return None
         return max(line[0] + line[1] * unit_bytes / 2**20, 0.0)
 
-    def _copy_line(self, phase: str, setting: str, ranks: int) -> tuple[float, float] | None:
-        """(fixed us, us per MiB) of a copy kernel at the nearest measured world size; None when not measured."""
+    def _copy_line(self, phase: str, setting: str, ranks: int) -> tuple[float, float, int] | None:
+        """(fixed us, us per MiB, the world size measured) of a copy kernel at the nearest measured world size;
+        None when not measured."""
         rows = [r for r in self.copies if r.get("status") == "ok" and r["phase"] == phase and r["setting"] == setting]
         if not rows:
             return None
@@ -159,7 +166,7 @@ class FrameworkData:
         rk = min(have, key=lambda r: (abs(r - ranks), r))
         q = {name: self._median_over_machines([r for r in rows if int(r["ranks"]) == rk and r["quantity"] == name])
              for name in ("us_per_mib", "fixed_us")}
-        return q["fixed_us"], q["us_per_mib"]
+        return q["fixed_us"], q["us_per_mib"], rk
 
     def instances(self) -> list[dict[str, Any]]:
         """Per measured instance: its CPU, plain eager host cost per forward operator and DTensor TP's extra
@@ -806,9 +813,13 @@ def in_flight_microbatches(stage: int, pp: int, m: int, schedule: PipeSchedule) 
     if schedule == PipeSchedule.GPIPE:
         return float(m)
     if schedule == PipeSchedule.INTERLEAVED:
+        # the warm-up forwards as schedule_actions runs them (ScheduleInterleaved1F1B: micro-batches per round
+        # m // max(1, m // pp), which is Megatron-Core's group of PP wherever its schedule runs, m a multiple of
+        # PP), then the first steady forward: chunk-micro-batches in flight, never more than the step's m x v
         v = INTERLEAVED_CHUNKS
-        warmup = min(m * v, (pp - stage - 1) * 2 + (v - 1) * pp)
-        return (warmup + 1) / v
+        per_round = m // max(1, m // pp)
+        warmup = min(m * v, (v - 1) * per_round + 2 * (pp - stage - 1))
+        return min(warmup + 1, m * v) / v
     return float(min(pp - stage, m))
 
 

@@ -17,7 +17,13 @@ from tp_query.schema.precision import SETTINGS, Setting, SettingSpec
 from tp_query.schema.signature import TensorSpec
 
 from .compose import StageWork
-from .framework import PipeSchedule, in_flight_microbatches, pipelining_retained_outputs, tp_step_keeps_logits
+from .framework import (
+    INTERLEAVED_CHUNKS,
+    PipeSchedule,
+    in_flight_microbatches,
+    pipelining_retained_outputs,
+    tp_step_keeps_logits,
+)
 from .graph import Graph, MemoryProfile, Section
 from .parallel import ParallelConfig
 
@@ -159,14 +165,17 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
                               transient_bytes=transient_bwd)
     share = stage.param_numel / traced_numel
     opt_transient = int(mp.opt_peak_bytes * share / (par.dp if par.zero >= 1 else 1))
+    recv, input_grads, saved_inputs = pipelining_buffers(graph, stage, par, in_flight)
+    start_bwd = replace(start_bwd, activations_bytes=start_bwd.activations_bytes - saved_inputs)
     phases = [start_bwd, PeakParts(phase=PeakPhase.OPTIMIZER_STEP, weights_bytes=w, optimizer_bytes=o,
-                                   grads_bytes=g_own, transient_bytes=opt_transient, activations_bytes=kept_pred)]
+                                   grads_bytes=g_own, transient_bytes=opt_transient,
+                                   activations_bytes=kept_pred + input_grads)]
     if merged:
         phases.append(PeakParts(phase=PeakPhase.PIPELINE_MERGE, weights_bytes=w, optimizer_bytes=o, grads_bytes=g_own,
-                                activations_bytes=merged))
+                                activations_bytes=merged + input_grads))
     if torch_fsdp:
         phases += _fsdp_in_backward(stage, par, st, mp, w, o, root_full, g, g_full, per_layer, m)
-    buffers = WORKSPACE_BYTES + ddp_buckets + _megatron_attention_buffer(graph, par)
+    buffers = WORKSPACE_BYTES + ddp_buckets + _megatron_attention_buffer(graph, par) + recv
     top = max(phases, key=PeakParts.total)  # the first of equal ones
     at_peak = replace(top, buffers_bytes=buffers)
     peak = at_peak.total()
@@ -207,6 +216,42 @@ def _fsdp_in_backward(stage: StageWork, par: ParallelConfig, st: SettingSpec, mp
                              activations_bytes=embed_act + (k + 1) * mp.layer_act_bytes,
                              transient_bytes=rs_in + mp.layer_bwd_transient_bytes))
     return out
+
+
+def stage_io_bytes(graph: Graph, par: ParallelConfig) -> int:
+    """One micro-batch's hidden states between pipeline stages (what a stage sends and receives, and the gradient
+    that comes back): the residual stream in the parameters' dtype (fp32 under autocast with fp32 weights), its
+    tokens split over TP under sequence parallelism."""
+    act_dt = SETTINGS[Setting(graph.meta.setting)].param_dtype
+    seq = graph.meta.seq_len // (par.tp if par.sequence_parallel else 1)
+    return graph.meta.micro_batch * seq * int(graph.meta.model.get("hidden_size", 0)) * act_dt.itemsize
+
+
+def pipelining_buffers(graph: Graph, stage: StageWork, par: ParallelConfig, in_flight: float) -> tuple[int, int, int]:
+    """torch.distributed.pipelining's receive buffers on one rank: (allocated for the whole step, the input
+    gradients held at the step's end, the in-flight inputs the activations already count).
+
+    The stage allocates one receive buffer per micro-batch for its input (stages after the first:
+    `_prepare_forward_infra`, `_create_act_recv_info`) and one for its output's gradient (stages before the last:
+    `_setup_backward_recv_info`) when the schedule first runs, and keeps them (args_recv_info, grad_recv_info).
+    Each input buffer is the micro-batch's autograd leaf: backward accumulates the gradient sent back into its
+    .grad, which stays until clear_runtime_states at the next step, so every micro-batch's input gradient is live
+    through the optimizer step. Under interleaving a rank holds a set per chunk. Where the residual stream is
+    fp32, the first norm of the stage saves its input for backward (the dtype cast is a no-op): the in-flight
+    micro-batches' inputs are the receive buffers already, not activations of their own. Megatron-Core receives
+    into fresh tensors per micro-batch (p2p_communication): none."""
+    if par.pp == 1 or par.framework != "torch":
+        return 0, 0, 0
+    one = stage_io_bytes(graph, par)
+    chunks = INTERLEAVED_CHUNKS if par.pp_schedule == PipeSchedule.INTERLEAVED else 1
+    n = par.pp * chunks
+    mine = [stage.index + c * par.pp for c in range(chunks)]
+    with_input = sum(1 for s in mine if s > 0)
+    with_grad = sum(1 for s in mine if s < n - 1)
+    m = par.micro_batches
+    fp32_stream = SETTINGS[Setting(graph.meta.setting)].param_dtype.itemsize == 4
+    saved = int(min(in_flight * with_input, m * with_input) * one) if fp32_stream and graph.meta.traced_layers else 0
+    return (with_input + with_grad) * m * one, with_input * m * one, saved
 
 
 def _megatron_attention_buffer(graph: Graph, par: ParallelConfig) -> int:

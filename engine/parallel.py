@@ -109,7 +109,7 @@ class ParallelConfig:
         if self.zero and self.pp > 1:
             return ("ZeRO with pipeline parallelism is not modelled (FSDP2 or a sharded optimizer per stage has no "
                     "validation run here): use --zero 0 with PP")
-        return ""
+        return self._schedule_refusal()
 
     def validate(self) -> None:
         for name, v in (("DP", self.dp), ("TP", self.tp), ("PP", self.pp), ("EP", self.ep),
@@ -150,23 +150,24 @@ class ParallelConfig:
                             "use --framework megatron")
         if self.framework == "megatron" and self.pp_schedule == "gpipe":
             raise PlanError("Megatron-Core's schedules are 1F1B and interleaved 1F1B, not GPipe")
-        self._check_schedule()
 
-    def _check_schedule(self) -> None:
-        """Micro-batch counts the real schedules refuse, refused here with their reasons (never timed as if run)."""
+    def _schedule_refusal(self) -> str:
+        """Why the stack's pipeline schedule refuses this micro-batch count ("" when it runs it): a describable
+        split that the real schedule raises on, so a prediction refuses it and a search lists it as rejected."""
         m, pp = self.micro_batches, self.pp
         if pp == 1:
-            return
+            return ""
         if self.framework == "torch" and self.pp_schedule == "1f1b" and m < pp:
             # torch.distributed.pipelining.Schedule1F1B.__init__ raises ValueError
-            raise PlanError(f"PyTorch's Schedule1F1B needs at least as many micro-batches as stages: {m} < PP={pp} "
-                            f"(raise the global batch to {pp * self.dp * self.micro_batch}, or use --pp-schedule gpipe)")
+            return (f"PyTorch's Schedule1F1B needs at least as many micro-batches as stages: {m} < PP={pp} "
+                    f"(raise the global batch to {pp * self.dp * self.micro_batch}, or use --pp-schedule gpipe)")
         if self.framework == "torch" and self.pp_schedule == "interleaved" and m % max(1, m // pp):
             # ScheduleInterleaved1F1B.__init__: rounds = max(1, m // pp) must divide m
-            raise PlanError(f"PyTorch's ScheduleInterleaved1F1B needs the micro-batches ({m}) to be a multiple of its "
-                            f"rounds ({max(1, m // pp)} = micro-batches // PP)")
+            return (f"PyTorch's ScheduleInterleaved1F1B needs the micro-batches ({m}) to be a multiple of its "
+                    f"rounds ({max(1, m // pp)} = micro-batches // PP)")
         if self.framework == "megatron" and self.pp_schedule == "interleaved" and (m < pp or m % pp):
             # forward_backward_pipelining_with_interleaving: microbatch_group_size_per_vp_stage (default PP) must be
             # within [PP, M] and M's remainder by it 0 or at least PP
-            raise PlanError(f"Megatron-Core's interleaved schedule needs the micro-batches ({m}) to be a multiple of "
-                            f"PP={pp} (its micro-batch groups per virtual stage)")
+            return (f"Megatron-Core's interleaved schedule needs the micro-batches ({m}) to be a multiple of "
+                    f"PP={pp} (its micro-batch groups per virtual stage)")
+        return ""

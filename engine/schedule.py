@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tp_query.schema.precision import SETTINGS, DType, Setting
+from tp_query.schema.precision import SETTINGS, DType
 from tp_query.schema.signature import OpCall
 
 from .compose import Composer, StageWork, make_item
@@ -40,7 +40,7 @@ from .hostsim import (
     simulate,
 )
 from .lookup import Query
-from .memory import logits_spec
+from .memory import logits_spec, stage_io_bytes
 from .parallel import ParallelConfig, PlanError
 from .request import PredictRequest
 from .segments import SOURCES, Segment, SegmentCache
@@ -271,7 +271,8 @@ class StepSchedule:
         ep_comm = m * c["ep_comm_us"]
         host_fb = m * (c["fwd_us"] + c["bwd_us"] - c["fwd_gpu_us"] - c["bwd_gpu_us"] - c["tp_comm_us"]
                        - c["ep_comm_us"])
-        pp_comm = (2 * m * p2p + 2 * (par.pp - 1) * p2p + self._tied_embedding_allreduce_us()) if par.pp > 1 else 0.0
+        # (the fill and drain transfers are on the simulated schedule's critical path, inside the bubble)
+        pp_comm = (2 * m * p2p + self._tied_embedding_allreduce_us()) if par.pp > 1 else 0.0
         bubble = max(pipe - (fwd_compute + bwd_compute + tp_comm + ep_comm + host_fb + 2 * m * p2p), 0.0) \
             if par.pp > 1 else 0.0
         accum = (m - 1) * c["accum_us"]
@@ -357,11 +358,7 @@ class StepSchedule:
         return self.eng.comm.estimate("all_reduce", 4.0 * copy.numel, 2, per_node=self._p2p_per_node()).us
 
     def _p2p_bytes(self) -> float:
-        spec = self.g.meta.model
-        # the residual stream is in the parameters' dtype (fp32 under autocast with fp32 weights)
-        act_dt = SETTINGS[Setting(self.g.meta.setting)].param_dtype
-        seq = self.g.meta.seq_len // (self.par.tp if self.par.sequence_parallel else 1)
-        return float(self.g.meta.micro_batch * seq * int(spec.get("hidden_size", 0)) * act_dt.itemsize)
+        return float(stage_io_bytes(self.g, self.par))
 
     def _merge_us(self, host: HostModel) -> float:
         """torch.distributed.pipelining's schedule.step() ends on the last stage by concatenating every

@@ -46,6 +46,16 @@ class SearchSpace:
     optimizer: str = "adamw"
     max_tp: int = 8  # TP stays inside one 8-GPU host
     framework: str = "torch"  # the stack every candidate runs under (its kernels, buckets, host costs)
+    # pipeline schedules tried when PP > 1; None: every schedule the stack runs (STACK_PP_SCHEDULES)
+    pp_schedules: tuple[str, ...] | None = None
+    # DDP's gradient_as_bucket_view tried both ways (PyTorch, DP > 1, no ZeRO): the view saves a gradient copy
+    ddp_bucket_views: tuple[bool, ...] = (False, True)
+
+
+# the pipeline schedules each stack runs (torch.distributed.pipelining: Schedule1F1B, ScheduleGPipe,
+# ScheduleInterleaved1F1B; Megatron-Core: 1F1B with and without interleaving)
+STACK_PP_SCHEDULES: dict[str, tuple[str, ...]] = {"torch": ("1f1b", "gpipe", "interleaved"),
+                                                  "megatron": ("1f1b", "interleaved")}
 
 
 @dataclass(frozen=True)
@@ -58,8 +68,10 @@ class Candidate:
     def label(self) -> str:
         p = self.parallel
         extra = ("+SP" if p.sequence_parallel else "") + (f"+Z{p.zero}" if p.zero else "") + \
-            ("+RC" if p.recompute else "") + (f"+EP{p.ep}" if p.ep > 1 else "")
-        return f"DP{p.dp} TP{p.tp} PP{p.pp} mb{p.micro_batch} {self.precision.value}{extra}"
+            ("+RC" if p.recompute else "") + (f"+EP{p.ep}" if p.ep > 1 else "") + \
+            ("+bucket_view" if p.ddp_bucket_view else "")
+        pp = f"PP{p.pp}" + (f" {p.pp_schedule}" if p.pp > 1 else "")
+        return f"DP{p.dp} TP{p.tp} {pp} mb{p.micro_batch} {self.precision.value}{extra}"
 
 
 @dataclass(frozen=True)
@@ -100,12 +112,19 @@ class SearchResult:
     evaluated: int
     seconds: float
     eval_seconds: float
+    # what every row shares, so a saved table says what it planned
+    gpu: str = ""
+    seq_len: int = 0
+    optimizer: str = ""
 
     def to_polars(self, include_rejected: bool = False) -> Any:
+        """One row per configuration, with the GPU, sequence length and optimizer they share. Rows differ in their
+        columns (a rejected one has no breakdown): the schema is read from every row, a missing column null."""
         import polars as pl
 
-        rows = [o.row() for o in self.ranked + (self.rejected if include_rejected else [])]
-        return pl.DataFrame(rows)
+        shared = {"gpu": self.gpu, "seq_len": self.seq_len, "optimizer": self.optimizer}
+        rows = [{**shared, **o.row()} for o in self.ranked + (self.rejected if include_rejected else [])]
+        return pl.DataFrame(rows, infer_schema_length=None)
 
 
 def _divisors(n: int) -> list[int]:
@@ -127,14 +146,18 @@ def invalid_reason(spec: ModelSpec, cand: Candidate, space: SearchSpace) -> str:
 
 
 def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate, str]]:
+    schedules = STACK_PP_SCHEDULES[space.framework] if space.pp_schedules is None else space.pp_schedules
     for tp, pp in itertools.product(_divisors(space.gpus), repeat=2):
         if space.gpus % (tp * pp):
             continue
         dp = space.gpus // (tp * pp)
-        for prec, mb, sp, z, rc in itertools.product(space.precisions, space.micro_batches, space.sequence_parallel,
-                                                    space.zero_stages, space.recompute):
+        for prec, mb, sp, z, rc, sched, bv in itertools.product(
+                space.precisions, space.micro_batches, space.sequence_parallel, space.zero_stages, space.recompute,
+                schedules if pp > 1 else ("1f1b",), space.ddp_bucket_views):
             if (sp and tp == 1) or (z and dp == 1):
                 continue  # the same configuration as without the option: skip silently
+            if bv and not (space.framework == "torch" and dp > 1 and z == 0):
+                continue  # DDP's option: the same configuration as without it
             if space.global_batch % (dp * mb) or z not in STACK_ZERO_STAGES[space.framework]:
                 continue  # not a configuration of this job (or of this stack: PyTorch has no ZeRO-1) at all
             # Megatron-Core MoE: every expert-parallel size that divides DP and the experts
@@ -143,7 +166,8 @@ def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate,
             for ep in eps:
                 try:
                     par = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb, global_batch=space.global_batch,
-                                         sequence_parallel=sp, zero=z, recompute=rc, framework=space.framework, ep=ep)
+                                         sequence_parallel=sp, zero=z, recompute=rc, framework=space.framework, ep=ep,
+                                         pp_schedule=sched, ddp_bucket_view=bv)
                 except PlanError:
                     continue  # beyond any real job (PP of thousands of stages): not a candidate
                 c = Candidate(prec, par)
@@ -176,6 +200,13 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
         raise SearchError(f"unknown framework {space.framework!r}: torch or megatron")
     if space.optimizer not in OPTIMIZERS:
         raise SearchError(f"unknown optimizer {space.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+    if space.pp_schedules is not None:
+        runs = STACK_PP_SCHEDULES[space.framework]
+        bad = [s for s in space.pp_schedules if s not in runs]
+        if not space.pp_schedules or bad:
+            raise SearchError(f"pipeline schedules {list(space.pp_schedules)!r}: {space.framework} runs "
+                              f"{', '.join(runs)}")
+        space = replace(space, pp_schedules=tuple(dict.fromkeys(space.pp_schedules)))
     if not space.micro_batches or any(isinstance(m, bool) or not isinstance(m, int) or not 0 < m <= 1 << 16
                                       for m in space.micro_batches):
         raise SearchError(f"--micro-batch candidates must be integers in 1..{1 << 16}, got {list(space.micro_batches)}")
@@ -223,7 +254,8 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
     ranked.sort(key=lambda o: o.iteration_ms or float("inf"))
     by_candidate = dict(zip(valid, reqs, strict=True))
     ranked[:explain] = [_explained(engine, o, by_candidate[o.candidate]) for o in ranked[:explain]]
-    return SearchResult(ranked, rejected, len(valid), time.perf_counter() - t0, eval_time)
+    return SearchResult(ranked, rejected, len(valid), time.perf_counter() - t0, eval_time, gpu=engine.gpu.name,
+                        seq_len=space.seq_len, optimizer=space.optimizer)
 
 
 def _explained(engine: Engine, o: Outcome, req: PredictRequest) -> Outcome:
@@ -544,4 +576,5 @@ def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node
                    + (" --sequence-parallel" if p.sequence_parallel else "")
                    + (" --activation-checkpointing full" if p.recompute else "")
                    + f" --pp-schedule {p.pp_schedule}"
+                   + (" --gradient-as-bucket-view" if p.ddp_bucket_view else "")
                    + "\n# train.py: your script; its flags are the parallel sizes to build the device mesh with")

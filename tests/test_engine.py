@@ -214,6 +214,43 @@ def test_megatron_accumulates_micro_batches_in_its_buffer_not_in_grad(eng: Engin
         assert (extra_bwd == pytest.approx(0, abs=1e-9)) if fw == "megatron" else extra_bwd > 0
 
 
+def test_pipelining_holds_a_receive_buffer_per_micro_batch(eng: Engine) -> None:
+    """torch.distributed.pipelining allocates, per micro-batch, a buffer for each stage's input (after the first
+    stage) and for its output's gradient (before the last), kept all step; each input's gradient stays in the
+    buffer's .grad until the next step. Megatron-Core receives into fresh tensors: none. Closed form over the
+    tiny model's hidden states (micro-batch x sequence x hidden x the residual stream's bytes)."""
+    from tp_query.engine.memory import pipelining_buffers, stage_io_bytes
+
+    h = TINY_LLAMA["hidden_size"]
+    for setting, item in ((Setting.BF16, 2), (Setting.TF32, 4)):
+        for sched, chunks in (("1f1b", 1), ("gpipe", 1), ("interleaved", 2)):
+            a = eng.assemble(req(pp=2, global_batch=4, pp_schedule=sched, setting=setting))
+            one = stage_io_bytes(a.g, a.par)
+            assert one == 1 * 64 * h * item
+            first, last = a.stages
+            inputs = (chunks - 1, chunks)  # the stages after the first that each rank holds
+            grads = (chunks, chunks - 1)  # and those before the last
+            for st, n_in, n_grad in ((first, inputs[0], grads[0]), (last, inputs[1], grads[1])):
+                recv, in_grads, saved = pipelining_buffers(a.g, st, a.par, in_flight=1.0)
+                assert recv == (n_in + n_grad) * 4 * one and in_grads == n_in * 4 * one
+                assert saved == (n_in * one if item == 4 else 0)  # fp32 stream: the norm saves the buffer
+            assert a.memories()[1].buffers_bytes >= pipelining_buffers(a.g, last, a.par, 1.0)[0] > 0
+    mc = eng.assemble(req(pp=2, global_batch=4, framework="megatron", setting=Setting.MP_BF16))
+    assert pipelining_buffers(mc.g, mc.stages[1], mc.par, 1.0) == (0, 0, 0)
+
+
+def test_pipeline_fill_and_drain_transfers_are_counted_once(eng: Engine) -> None:
+    """The schedule's simulation puts each transfer on its critical path: the pipeline's communication and bubble
+    together are the simulated span beyond the stages' own work, with no transfer added on top of it."""
+    a = eng.assemble(req(pp=2, global_batch=4))
+    total_us, b, per_stage, crit = a.evaluate(eng.host)
+    c, m = per_stage[crit], a.par.micro_batches
+    own = m * (c["fwd_us"] + c["bwd_us"])
+    p2p = eng.comm.estimate("send_recv", a._p2p_bytes(), 2, per_node=a._p2p_per_node()).us
+    span = a._pipeline_us(per_stage, m, p2p)
+    assert (b["pp_comm_ms"] + b["pipeline_bubble_ms"]) * 1e3 == pytest.approx(max(span - own, 2 * m * p2p), rel=1e-9)
+
+
 def test_pipeline_schedules(eng: Engine) -> None:
     one = eng.predict(req(pp=2, global_batch=8))
     gpipe = eng.predict(req(pp=2, global_batch=8, pp_schedule="gpipe"))

@@ -256,6 +256,17 @@ def test_microbatches_in_flight() -> None:
     assert in_flight_microbatches(3, 4, 8, PipeSchedule.ONE_F_ONE_B) == 1
     assert in_flight_microbatches(0, 4, 8, PipeSchedule.GPIPE) == 8
     assert in_flight_microbatches(0, 1, 8, PipeSchedule.GPIPE) == 1
+    # every schedule: the most micro-batches whose forward ran and backward has not, over the rank's own actions
+    # (schedule_actions, as torch.distributed.pipelining orders them), in units of the rank's whole layer range
+    for sched in PipeSchedule:
+        chunks = 2 if sched == PipeSchedule.INTERLEAVED else 1
+        for pp, m in ((2, 2), (2, 4), (4, 4), (4, 8), (4, 6), (4, 2), (8, 24), (3, 5)):
+            for r in range(pp):
+                live = peak = 0
+                for kind, _, _ in schedule_actions(r, pp, m, sched):
+                    live += 1 if kind == "F" else -1
+                    peak = max(peak, live)
+                assert in_flight_microbatches(r, pp, m, sched) == peak / chunks, (sched, pp, m, r)
 
 
 def test_framework_data_reads_measured_rows() -> None:
@@ -349,6 +360,12 @@ def test_fsdp_copy_kernels_are_measured_lines_and_no_host_instance() -> None:
     assert fd.fsdp_copy_us("copy_out", 100 * mib, 4, 2) == pytest.approx(100.0)  # fp32 elements: the fp32 line
     assert fd.fsdp_copy_us("copy_in", 100 * mib, 2, 2) is None
     assert fd.machines() == ["h1"] and fd.on("h1").copies == fd.copies
+    # copy_in moves the rank's shard: beyond the world sizes measured, its slope falls as 1/ranks
+    fd = FrameworkData([], [*rows, row("copy_in", "bf16", 8, "us_per_mib", 0.1, "m1"),
+                            row("copy_in", "bf16", 8, "fixed_us", 8.0, "m1")])
+    assert fd.fsdp_copy_us("copy_in", 100 * mib, 2, 8) == pytest.approx(8.0 + 0.1 * 100)
+    assert fd.fsdp_copy_us("copy_in", 100 * mib, 2, 64) == pytest.approx(8.0 + 0.1 * 100 * 8 / 64)
+    assert fd.fsdp_copy_us("copy_out", 100 * mib, 2, 64) == pytest.approx(10.0)  # the whole unit at any size
 
 
 def test_a_shifted_host_map_equals_the_map_of_the_shifted_costs() -> None:

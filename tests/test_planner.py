@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tp_query.engine.api import search as api_search
 from tp_query.engine.db import DatabaseError
 from tp_query.engine.predict import Engine
 from tp_query.engine.search import SearchError, SearchSpace, search
+from tp_query.schema.messages import TpQueryError
 from tp_query.schema.precision import Setting
 
 from .conftest import TINY_LLAMA, run_cli
@@ -569,3 +571,59 @@ def test_the_collector_pause_is_restored_as_it_was_even_on_error() -> None:
             assert gc.isenabled() == start
         finally:
             gc.enable()
+
+
+def test_search_tries_every_schedule_and_ddps_bucket_view(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
+    """A search is over what the stack runs: each pipeline schedule with PP > 1 (a split one schedule refuses is
+    a rejected outcome with the schedule's reason, not dropped) and DDP with and without gradient_as_bucket_view."""
+    eng = Engine("cpu", str(cpu_db))
+    space = SearchSpace(2, 1, 64, micro_batches=(1,), recompute=(False,), sequence_parallel=(False,))
+    res = search(eng, TINY_LLAMA, space)
+    labels = {o.candidate.label(): o for o in res.ranked + res.rejected}
+    # PP=2 with one micro-batch: PyTorch's Schedule1F1B refuses it (fewer micro-batches than stages), GPipe runs it
+    assert "Schedule1F1B needs at least as many micro-batches" in labels["DP1 TP1 PP2 1f1b mb1 amp_bf16"].reason
+    assert labels["DP1 TP1 PP2 gpipe mb1 amp_bf16"].fits
+    res = search(eng, TINY_LLAMA, replace(space, gpus=4, global_batch=8))
+    by = {o.candidate.label(): o for o in res.ranked}
+    for sched in ("1f1b", "gpipe", "interleaved"):
+        assert f"DP2 TP1 PP2 {sched} mb1 amp_bf16" in by, sched
+    plain, view = by["DP4 TP1 PP1 mb1 amp_bf16"], by["DP4 TP1 PP1 mb1 amp_bf16+bucket_view"]
+    assert view.candidate.parallel.ddp_bucket_view and view.peak_memory_gib < plain.peak_memory_gib
+    assert not any("bucket_view" in s and "Z" in s for s in by)  # DDP's option only: never beside FSDP2
+    only = search(eng, TINY_LLAMA, replace(space, gpus=4, global_batch=8, pp_schedules=("gpipe",)))
+    assert {o.candidate.parallel.pp_schedule for o in only.ranked if o.candidate.parallel.pp > 1} == {"gpipe"}
+    with pytest.raises(SearchError, match="megatron runs 1f1b, interleaved"):
+        search(eng, TINY_LLAMA, replace(space, framework="megatron", pp_schedules=("gpipe",)))
+    # every row in one table, rejected ones (no breakdown) beside evaluated ones, with what they share
+    frame = res.to_polars(include_rejected=True)
+    assert frame.height == len(res.ranked) + len(res.rejected)
+    assert set(frame["gpu"]) == {"cpu"} and set(frame["seq_len"]) == {64} and "forward_ms" in frame.columns
+    assert frame.filter(frame["fits"].not_())["forward_ms"].null_count() >= 1
+    # the CLI: --output with mixed rows, and --json --top 0 explains every row it shows
+    base = ["search", str(tiny_llama_file), "--gpus", "2", "--global-batch", "1", "--seq-len", "64", "--gpu", "cpu",
+            "--db", str(cpu_db), "--micro-batch", "1"]
+    r = run_cli(*base, "--output", str(tmp_path / "all.parquet"))
+    assert r.returncode == 0, r.stderr
+    r = run_cli(*base, "--json", "--top", "0")
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)["ranked"]
+    assert len(shown) > 1 and all(row["source_host_model"] is not None for row in shown)
+    r = run_cli(*base, "--pp-schedule", "gpipe", "--pp-schedule", "1f1b", "--json", "--show-unfit")
+    assert r.returncode == 0, r.stderr
+    assert {row["pp_schedule"] for row in json.loads(r.stdout)["ranked"]} <= {"gpipe", "1f1b"}
+
+
+def test_api_takes_the_cluster_as_the_cli_does(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
+    cluster = tmp_path / "slow-net.toml"
+    cluster.write_text('gpu = "cpu"\ngpus_per_node = 1\nnvlink_gbytes_per_s = 5\nnvlink_latency_us = 20\n'
+                       'network_gbytes_per_s = 0.1\nnetwork_latency_us = 500\nprice_per_gpu_hour = 3.0\n')
+    kw = {"gpu": "cpu", "db": str(cpu_db), "seq_len": 64, "dp": 2}
+    alone, apart = api_predict(tiny_llama_file, **kw), api_predict(tiny_llama_file, system=cluster, **kw)
+    assert apart.config["system"] == "slow-net" and apart.breakdown["dp_comm_ms"] > alone.breakdown["dp_comm_ms"]
+    res = api_search(tiny_llama_file, gpus=2, global_batch=2, seq_len=64, gpu="cpu", db=str(cpu_db), tokens=1e6,
+                     system=cluster, micro_batches=[1])
+    best = res.ranked[0]
+    assert best.cost == pytest.approx(best.job_hours * 2 * 3.0)  # the system's price
+    assert all(o.candidate.parallel.tp == 1 for o in res.ranked)  # one GPU per node: TP stays inside it
+    with pytest.raises(TpQueryError, match="no system file or preset"):
+        api_predict(tiny_llama_file, system=tmp_path / "missing.toml", **kw)
