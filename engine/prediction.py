@@ -432,7 +432,12 @@ class Assembled(StepSchedule):
             hf = _with_class(json.loads(m.get("hf_config") or "{}"))
             e = int(next((hf[x] for x in ("num_experts", "n_routed_experts", "num_local_experts") if hf.get(x)), 0))
             k = int(next((hf[x] for x in ("num_experts_per_tok", "moe_topk", "top_k") if hf.get(x)), 0))
-        if e and k:
+        if e and k and m.get("model_type") == "llama4_text":
+            # transformers' Llama4TextMoe: every routed expert runs on every token (inputs repeated per expert,
+            # scaled by the router's scores, one batched GEMM), so no routing balance enters the time
+            out["moe_routing"] = (f"dense: each of {e} experts runs on every token in one batched GEMM (transformers' "
+                                  f"Llama4TextMoe), top-{k} scores scale the outputs; balance does not enter the time")
+        elif e and k:
             experts = (f"SequentialMLP, {e // self.par.ep} local experts per rank, all-to-all over EP={self.par.ep}"
                        if megatron else "grouped GEMMs timed with equal groups")
             imb = self.req.moe_imbalance

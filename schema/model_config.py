@@ -475,9 +475,12 @@ def _layer_types(cfg: dict[str, Any], family: ArchFamily, model_type: str, n: in
     given = cfg.get("layer_types") if generic or rule == WindowRule.LISTED else None
     if given is not None:
         ok = (lambda x: isinstance(x, str) and bool(x)) if generic else (lambda x: x in (FULL, SLIDING))
-        if not (isinstance(given, list) and len(given) >= n and all(ok(x) for x in given[:n])):
-            raise ConfigError(f"layer_types must list {n} of {FULL!r} / {SLIDING!r}" +
-                              (" (or the model type's own layer kinds)" if generic else ""))
+        # exactly one per layer: transformers' validate_layer_type refuses any other length (a list left long
+        # when num_hidden_layers was cut is the user's to cut too)
+        if not (isinstance(given, list) and len(given) == n and all(ok(x) for x in given)):
+            raise ConfigError(f"layer_types must list {n} of {FULL!r} / {SLIDING!r}, one per layer" +
+                              (" (or the model type's own layer kinds)" if generic else "") +
+                              (f", got {len(given)}" if isinstance(given, list) else ""))
         lt = tuple(given[:n])
         if not generic and window is None and SLIDING in lt:
             raise ConfigError(f"{model_type}: layer_types lists sliding layers but no window is in force "
@@ -542,7 +545,10 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     pad = cfg.get("pad_token_id")
     vocab = _pos_int("vocab_size", _need(cfg, "vocab_size"))
     sw = cfg.get("sliding_window")
-    use_sw = cfg.get("use_sliding_window", model_type not in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"))
+    # use_sliding_window is a field of some config classes only (Qwen2/3 and their MoE and VL text models, SmolLM3):
+    # those drop the window unless it is true; every other class never reads the key (Mistral's window applies)
+    reads, class_use_sw = _use_sliding_window_field(model_type)
+    use_sw = cfg.get("use_sliding_window", class_use_sw) if reads else True
     if WINDOW_RULES.get(model_type) == WindowRule.NEVER:
         sw = None  # transformers' Llama and GPT-NeoX attend to every token whatever the config says (config_notes)
     window = _pos_int("sliding_window", sw) if (sw is not None and use_sw is not False) else None
@@ -674,8 +680,9 @@ def depth_kinds(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[boo
     mlp: list[str] = []
     given = cfg.get("mlp_layer_types")
     if given is not None:
-        if not (isinstance(given, list) and len(given) >= n and all(isinstance(x, str) and x for x in given[:n])):
-            raise ConfigError(f"mlp_layer_types must list {n} MLP kinds (one per layer)")
+        if not (isinstance(given, list) and len(given) == n and all(isinstance(x, str) and x for x in given)):
+            raise ConfigError(f"mlp_layer_types must list {n} MLP kinds, one per layer (transformers refuses any "
+                              "other length)" + (f", got {len(given)}" if isinstance(given, list) else ""))
         mlp = list(given[:n])
     elif cfg.get("first_k_dense_replace"):
         k = cfg["first_k_dense_replace"]
@@ -746,12 +753,24 @@ _WINDOW_KEYS = frozenset({"sliding_window", "use_sliding_window", "max_window_la
 
 @functools.cache
 def hf_class_defaults() -> dict[str, Any]:
-    """The shipped table of transformers' config-class defaults (format, transformers version, per model type)."""
+    """The shipped table of transformers' config-class defaults (format, transformers version, per model type),
+    read once per process (callers read it, never change it)."""
+    return _class_defaults_table()
+
+
+@functools.lru_cache(maxsize=1)
+def _class_defaults_table() -> dict[str, Any]:
     path = Path(__file__).with_name("hf_config_defaults.json")
     table = json.loads(path.read_text())
     if table.get("format") != "tp-query-hf-config-defaults/2":
         raise ConfigError(f"{path.name}: unknown format {table.get('format')!r}")
     return dict(table)
+
+
+def _use_sliding_window_field(model_type: str) -> tuple[bool, Any]:
+    """Whether the model type's transformers config class has a use_sliding_window field, and its default."""
+    d = hf_class_defaults()["model_types"].get(model_type, {})
+    return "use_sliding_window" in d, d.get("use_sliding_window")
 
 
 def with_class_defaults(cfg: dict[str, Any], model_type: str, family: ArchFamily | None = None
@@ -828,7 +847,7 @@ def config_notes(cfg: Any) -> list[str]:
     except ConfigError:
         return notes
     sizes = {k: v for k, v in taken.items() if k in _SIZE_KEYS}
-    if {**taken, **text}.get("use_sliding_window") is False:
+    if _use_sliding_window_field(model_type)[0] and {**taken, **text}.get("use_sliding_window") is False:
         sizes.pop("sliding_window", None)  # a window the model does not use (Qwen2/3's default) sets no size
     if sizes:
         ver = hf_class_defaults().get("transformers", "?")

@@ -232,7 +232,9 @@ _SIZES = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2
           "vocab_size": 32064, "num_hidden_layers": 6}  # Phi-3's class pads with id 32000
 _WINDOWS = [{"sliding_window": 64}, {"sliding_window": 64, "use_sliding_window": True},
             {"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 3},
-            {"sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"] * 3}, {}]
+            {"sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"] * 3}, {},
+            # a key only some config classes have: Mistral's, Gemma's and Phi-3's never read it (their window applies)
+            {"sliding_window": 64, "use_sliding_window": False}]
 
 
 @pytest.mark.skipif(not SAME_VERSION, reason="the rules were read from another transformers version")

@@ -252,3 +252,32 @@ def test_llama4_experts_are_looked_up_with_the_routers_zero_rows() -> None:
     assert per_phase[Phase.BWD] == ["routed-a2", "", "routed-a2b1", "routed-a1"] * 2
     dense = Composer(trace_config(TraceRequest(parse_config(GLM), Setting.BF16, 1, 32)), allow_tf32=False)
     assert not any("|routed" in it.key for items in dense.sections.values() for it in items)
+
+
+def test_llama4s_routing_is_said_dense(cpu_db: Path) -> None:
+    """The prediction says what it priced: Llama-4's experts each run on every token (no top-k grouped GEMMs);
+    another transformers MoE is priced as balanced top-k routing."""
+    from tp_query.engine.parallel import ParallelConfig
+    from tp_query.engine.predict import Engine, PredictRequest
+    from tp_query.schema.precision import Setting
+
+    eng = Engine("cpu", str(cpu_db))
+    for model, want in ((LLAMA4, "dense: each of 4 experts runs on every token"),
+                        (GLM, "balanced: each of")):
+        req = PredictRequest(model=model, model_name="m", gpu="cpu", setting=Setting.BF16, parallel=ParallelConfig(),
+                             seq_len=32)
+        assert eng.predict(req).config["model_graph"]["moe_routing"].startswith(want)
+
+
+def test_per_layer_lists_have_one_entry_per_layer() -> None:
+    """A layer_types or mlp_layer_types list left long when num_hidden_layers was cut is refused, as transformers'
+    validate_layer_type refuses it, never read as its first layers."""
+    from tp_query.schema.model_config import ConfigError
+
+    qwen = {**_SMALL, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 2,
+            "sliding_window": 16, "use_sliding_window": True}
+    assert parse_config({**qwen, "layer_types": ["full_attention", "sliding_attention"]}).layer_types
+    with pytest.raises(ConfigError, match="one per layer, got 3"):
+        parse_config({**qwen, "layer_types": ["full_attention", "sliding_attention", "full_attention"]})
+    with pytest.raises(ConfigError, match="one per layer"):
+        parse_config({**GLM, "mlp_layer_types": ["dense"] * 2 + ["sparse"] * 5})
