@@ -243,7 +243,7 @@ def test_pipeline_fill_and_drain_transfers_are_counted_once(eng: Engine) -> None
     """The schedule's simulation puts each transfer on its critical path: the pipeline's communication and bubble
     together are the simulated span beyond the stages' own work, with no transfer added on top of it."""
     a = eng.assemble(req(pp=2, global_batch=4))
-    total_us, b, per_stage, crit = a.evaluate(eng.host)
+    _, b, per_stage, crit = a.evaluate(eng.host)
     c, m = per_stage[crit], a.par.micro_batches
     own = m * (c["fwd_us"] + c["bwd_us"])
     p2p = eng.comm.estimate("send_recv", a._p2p_bytes(), 2, per_node=a._p2p_per_node()).us
