@@ -147,7 +147,8 @@ def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, 
            db: str | None = None, tokens: float | None = None, price_per_gpu_hour: float | None = None,
            optimizer: str = "adamw", micro_batches: tuple[int, ...] | list[int] = (1, 2, 4, 8),
            framework: str = "torch", torch_version: str | None = None, jobs: int | None = None,
-           system: str | Path | None = None, pp_schedules: list[str] | tuple[str, ...] | None = None) -> SearchResult:
+           system: str | Path | None = None, pp_schedules: list[str] | tuple[str, ...] | None = None,
+           moe_imbalance: float = 1.0) -> SearchResult:
     """Every parallel configuration of `gpus` GPUs for this global batch, ranked. The price needs `tokens` (a cost
     is job hours x GPUs x price); without price_per_gpu_hour, the system's price. pp_schedules: those tried with
     PP > 1 (default every one the framework runs). With jobs > 1 the candidates are evaluated in spawned processes,
@@ -162,7 +163,8 @@ def search(model: str | Path | dict[str, Any], *, gpus: int, global_batch: int, 
                         _distinct("precisions", precisions, parse_setting),
                         _distinct("micro_batches", micro_batches, _plain),
                         optimizer=optimizer, framework=framework,
-                        pp_schedules=None if pp_schedules is None else _distinct("pp_schedules", pp_schedules, str))
+                        pp_schedules=None if pp_schedules is None else _distinct("pp_schedules", pp_schedules, str),
+                        moe_imbalance=_plain(moe_imbalance))
     eng = engine(gpu, db, torch_version, system)
     price = price_per_gpu_hour if price_per_gpu_hour is not None or sysspec is None else sysspec.price_per_gpu_hour
     if price is not None and tokens is None:

@@ -612,6 +612,8 @@ def search(
     pp_schedule: Annotated[list[str] | None, typer.Option(
         "--pp-schedule", help="pipeline schedules to try with PP > 1 (default every one the framework runs: "
                               "torch 1f1b gpipe interleaved, megatron 1f1b interleaved)")] = None,
+    moe_imbalance: Annotated[float, typer.Option("--moe-imbalance", help="MoE: the busiest expert's tokens over "
+                                                 "the mean, as predict takes it (1: balanced)")] = 1.0,
 ) -> None:
     """Search DP/TP/PP, micro-batch, precision, SP, ZeRO, recomputation, pipeline schedule and DDP's bucket view
     for N GPUs; rank by speed."""
@@ -640,7 +642,7 @@ def search(
         precs = list(Setting) if precision and "all" in precision else [_setting(p) for p in (precision or ["amp_bf16"])]
         space = SearchSpace(gpus, global_batch, seq_len, tuple(precs), tuple(micro_batch or (1, 2, 4, 8)),
                             optimizer=optimizer, framework=framework,
-                            pp_schedules=tuple(pp_schedule) if pp_schedule else None)
+                            pp_schedules=tuple(pp_schedule) if pp_schedule else None, moe_imbalance=moe_imbalance)
         cfg = load_model_file(model)
         if str(cfg.get("format", "")).startswith("tp-query-graph"):
             raise UserError(f"{model} is a graph file, traced at one split and precision: search takes the "

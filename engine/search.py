@@ -50,6 +50,7 @@ class SearchSpace:
     pp_schedules: tuple[str, ...] | None = None
     # DDP's gradient_as_bucket_view tried both ways (PyTorch, DP > 1, no ZeRO): the view saves a gradient copy
     ddp_bucket_views: tuple[bool, ...] = (False, True)
+    moe_imbalance: float = 1.0  # MoE routing: the busiest expert's rows over the mean (predict's --moe-imbalance)
 
 
 # the pipeline schedules each stack runs (torch.distributed.pipelining: Schedule1F1B, ScheduleGPipe,
@@ -232,8 +233,12 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
     # group by graph so each graph is traced once, then evaluate every variant
     valid.sort(key=lambda c: (c.precision.value, c.parallel.micro_batch, c.parallel.tp, c.parallel.sequence_parallel,
                               c.parallel.recompute))
-    reqs = [PredictRequest(model=model, model_name=name, gpu=engine.gpu.name, setting=c.precision,
-                           parallel=c.parallel, seq_len=space.seq_len, optimizer=space.optimizer) for c in valid]
+    try:
+        reqs = [PredictRequest(model=model, model_name=name, gpu=engine.gpu.name, setting=c.precision,
+                               parallel=c.parallel, seq_len=space.seq_len, optimizer=space.optimizer,
+                               moe_imbalance=space.moe_imbalance) for c in valid]
+    except PredictError as e:  # (a request's own fields: the same for every candidate)
+        raise SearchError(str(e)) from None
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 0 <= jobs <= 256):
         raise SearchError(f"--jobs must be an integer in 0..256 (0: the machine's cores), got {jobs!r}")
     from .graphcache import default_jobs, graph_fields_key, trace_missing

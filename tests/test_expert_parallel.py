@@ -120,7 +120,7 @@ def test_moe_refusals_are_one_line(eng: Engine, tmp_path: Path) -> None:
 
 
 def test_search_tries_expert_parallel_sizes_for_megatron_moe(eng: Engine) -> None:
-    from tp_query.engine.search import SearchSpace, launch_command, search
+    from tp_query.engine.search import SearchError, SearchSpace, launch_command, search
 
     space = SearchSpace(2, 2, 64, precisions=(Setting("mp_bf16"),), micro_batches=(1,), sequence_parallel=(False,),
                         zero_stages=(0,), recompute=(False,), framework="megatron")
@@ -140,6 +140,17 @@ def test_search_tries_expert_parallel_sizes_for_megatron_moe(eng: Engine) -> Non
     assert any("not read from the config: router_jitter_noise 0.1" in w for w in p.warnings)
     # TP > 1 with MoE is refused by the Megatron model, with its reason, not silently dropped
     assert any("TP > 1" in o.reason for o in res.rejected)
+    # a skewed router, as predict takes it: the EP2 candidate priced as its predict is, not as balanced
+    from dataclasses import replace
+
+    skew = search(eng, MIXTRAL, replace(space, moe_imbalance=2.0), name="tiny-mixtral")
+    by = {o.candidate.label(): o.iteration_ms for o in res.ranked}
+    one = next(o for o in skew.ranked if o.candidate.parallel.ep == 2)
+    p = eng.predict(PredictRequest(model=MIXTRAL, model_name="tiny-mixtral", gpu="cpu", setting=Setting("mp_bf16"),
+                                   seq_len=64, parallel=one.candidate.parallel, moe_imbalance=2.0))
+    assert one.iteration_ms == pytest.approx(p.iteration_ms, rel=1e-9) and one.iteration_ms != by[one.candidate.label()]
+    with pytest.raises(SearchError, match="moe_imbalance must be a number >= 1"):
+        search(eng, MIXTRAL, replace(space, moe_imbalance=0.5))
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3-moe"])
