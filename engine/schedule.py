@@ -139,12 +139,12 @@ class StepSchedule:
         """The framework's measured host costs that apply to this split (DTensor TP, DDP/FSDP2 hooks)."""
         par, fw = self.par, self.par.framework
         setting = self._host_setting()
-        kinds = []
+        kinds = []  # each kind's host work at its own group's size (the TP group's, the DP group's)
         if par.tp > 1:
-            kinds.append("tp_sp" if par.sequence_parallel else "tp")
+            kinds.append(("tp_sp" if par.sequence_parallel else "tp", par.tp))
         if par.dp > 1:
-            kinds.append({0: "ddp", 2: "fsdp_z2", 3: "fsdp_z3"}.get(par.zero, ""))
-        return [self.fw.host_extra(fw, k, setting, par.gpus) for k in kinds if k]
+            kinds.append(({0: "ddp", 2: "fsdp_z2", 3: "fsdp_z3"}.get(par.zero, ""), par.dp))
+        return [self.fw.host_extra(fw, k, setting, ranks) for k, ranks in kinds if k]
 
     def _host_extra_us(self, st: StageWork) -> tuple[float, float, float]:
         """Extra host us per micro-batch (forward, backward) and per step (optimizer) for one stage."""

@@ -568,3 +568,19 @@ def test_an_operator_database_alone_says_what_it_leaves_unpriced(tmp_path: Path)
     assert r.returncode == 2 and "--strict: host costs of DTensor TP dispatch" in r.stderr
     shipped = run_cli(*args)
     assert shipped.returncode == 0 and "not measured in this database" not in shipped.stdout
+
+
+def test_framework_host_costs_are_read_at_their_groups_size(eng: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DTensor TP's host cost is read at the TP group's size and DDP's at the DP group's, not at the job's GPUs."""
+    from tp_query.engine.framework import FrameworkData
+
+    asked: list[tuple[str, int]] = []
+    real = FrameworkData.host_extra
+
+    def spy(self: FrameworkData, framework: str, kind: str, setting: str, ranks: int):  # type: ignore[no-untyped-def]
+        asked.append((kind, ranks))
+        return real(self, framework, kind, setting, ranks)
+
+    monkeypatch.setattr(FrameworkData, "host_extra", spy)
+    eng.assemble(req(dp=4, tp=2, global_batch=4))
+    assert asked == [("tp", 2), ("ddp", 4)]
