@@ -450,7 +450,7 @@ class StepSchedule:
                     phase, nbytes, param_size, par.dp)
                 if measured is not None:
                     return measured
-                moved = nbytes / 2 if phase == "copy_in" else nbytes
+                moved = nbytes / par.dp if phase == "copy_in" else nbytes  # copy_in moves the rank's shard
                 return 2e6 * moved / hbm + 3.0 if nbytes > 0 else 0.0
 
             f, b = fsdp_overhead(shape, comm, inter, reshard=par.zero == 3, gather_ratio=1.0,
