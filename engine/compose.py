@@ -198,6 +198,8 @@ class Composer:
         self.param_key = interned.setdefault((tuple(graph.params), tuple(o.sig for o in self.opt_records),
                                               allow_tf32, tuple(self.template_of)), len(interned))
         self.traced_numel = max(sum(p.numel for p in graph.params), 1)
+        # each split's stage list, by what `stages` reads of the split (a search's candidates share them)
+        self._stage_lists: dict[tuple[Any, ...], list[StageWork]] = {}
 
     def part(self, phase: Phase, section: Section) -> list[Item]:
         return self.sections.get((phase, section), [])
@@ -445,6 +447,16 @@ class Composer:
 
     # -- stages -------------------------------------------------------------------------------
     def stages(self, par: ParallelConfig) -> list[StageWork]:
+        """Each pipeline stage's work under this split; computed once per distinct set of the split's fields it
+        reads (a planner's schedules, micro-batch counts and ZeRO variants share most)."""
+        key = (par.pp, par.framework, par.pp_schedule == "interleaved", par.zero, par.dp, par.ep,
+               par.micro_batches > 1, par.ddp_bucket_view)
+        hit = self._stage_lists.get(key)
+        if hit is None:
+            hit = self._stage_lists[key] = self._stages(par)
+        return list(hit)
+
+    def _stages(self, par: ParallelConfig) -> list[StageWork]:
         n_layers = int(self.graph.meta.model.get("num_layers", 0)) if self.is_layered else 0
         if not self.is_layered:
             if par.pp > 1:

@@ -54,11 +54,16 @@ class PeakParts:
     buffers_bytes: int = 0
 
     def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self) if f.name != "phase")
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.gathered_bytes + self.transient_bytes + self.buffers_bytes)
 
     def parts(self) -> dict[str, int]:
         """Each kind's bytes by its name without the unit (weights, grads, ...)."""
-        return {f.name.removesuffix("_bytes"): getattr(self, f.name) for f in fields(self) if f.name != "phase"}
+        return {name.removesuffix("_bytes"): getattr(self, name) for name in _PART_FIELDS}
+
+
+# PeakParts' byte fields, in order (total() adds them by name: a field added here must be added there)
+_PART_FIELDS = tuple(f.name for f in fields(PeakParts) if f.name != "phase")
 
 
 @dataclass(frozen=True)

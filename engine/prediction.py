@@ -27,6 +27,7 @@ from .framework import Framework, PipeSchedule, in_flight_microbatches
 from .graph import Graph, Phase, Section
 from .hostsim import HostModel
 from .lookup import Source
+from .compose import StageWork
 from .memory import MemoryBreakdown, stage_memory
 from .parallel import MEGATRON_MOE_ARGS, MEGATRON_MOE_AUX_LOSS_COEFF, ParallelConfig, PlanError
 from .request import OpRow, PredictError, Prediction
@@ -264,8 +265,23 @@ class Assembled(StepSchedule):
         iteration time (us), its breakdown (ms), the stage memory with the highest peak and whether every stage
         fits; the same numbers `run` reports."""
         total_us, breakdown, _, _ = self.evaluate(self.eng.host)
-        mems = self.memories()
-        return total_us, breakdown, max(mems, key=lambda x: x.peak_bytes), all(x.fits for x in mems)
+        mem = self.peak_memory()
+        return total_us, breakdown, mem, mem.fits
+
+    def peak_memory(self) -> MemoryBreakdown:
+        """The stage memory with the highest peak, as max(memories()) finds it (every stage has one capacity, so
+        it fits when that one does). Stages of one kind (the same work) differ only in the micro-batches they hold
+        in flight, and their memory grows with those: each kind's stage with the most is the only one computed
+        (PP=32 asks 3 stages, not 32)."""
+        par = self.par
+        sched = PipeSchedule(par.pp_schedule)
+        most: dict[int, tuple[float, StageWork]] = {}
+        for s, raw in zip(self.stages, self.raw, strict=True):
+            f = in_flight_microbatches(s.index, par.pp, par.micro_batches, sched)
+            if id(raw) not in most or f > most[id(raw)][0]:
+                most[id(raw)] = (f, s)
+        mems = [stage_memory(self.g, s, par, self.req.optimizer, self.eng.gpu) for _, s in most.values()]
+        return max(mems, key=lambda x: x.peak_bytes)
 
     def _host_instances_ms(self, host: HostModel) -> tuple[float, float, int] | None:
         """The shortest and the longest iteration over the measured host instances (each instance's own

@@ -584,3 +584,29 @@ def test_framework_host_costs_are_read_at_their_groups_size(eng: Engine, monkeyp
     monkeypatch.setattr(FrameworkData, "host_extra", spy)
     eng.assemble(req(dp=4, tp=2, global_batch=4))
     assert asked == [("tp", 2), ("ddp", 4)]
+
+
+@pytest.mark.parametrize("kw", [dict(pp=4, global_batch=8), dict(pp=4, global_batch=8, pp_schedule="gpipe"),
+                                dict(pp=2, global_batch=8, pp_schedule="interleaved"), dict(pp=3, global_batch=6),
+                                dict(pp=4, global_batch=2, pp_schedule="gpipe"), dict(dp=2, global_batch=4),
+                                dict(pp=2, dp=2, global_batch=8, setting=Setting.TF32)])
+def test_the_planners_peak_is_every_stages_largest(eng: Engine, kw: dict) -> None:
+    """The planner computes one stage per kind (the one with the most micro-batches in flight); its peak is
+    the largest of every stage's, part for part, and the stage lists it reads are the same for every asker."""
+    a = eng.assemble(req(**kw))
+    every = a.memories()
+    _, _, mem, fits = a.plan_numbers()
+    top = max(every, key=lambda x: x.peak_bytes)
+    assert mem == top and fits == all(x.fits for x in every)
+    again = eng.assemble(req(**kw))
+    assert [s.param_bytes for s in again.stages] == [s.param_bytes for s in a.stages]
+
+
+def test_peak_parts_total_is_the_sum_of_its_parts() -> None:
+    from dataclasses import fields
+
+    from tp_query.engine.memory import PeakParts, PeakPhase
+
+    names = [f.name for f in fields(PeakParts) if f.name != "phase"]
+    p = PeakParts(phase=PeakPhase.OPTIMIZER_STEP, **{n: 1 << i for i, n in enumerate(names)})
+    assert p.total() == sum(p.parts().values()) == (1 << len(names)) - 1
