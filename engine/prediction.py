@@ -22,12 +22,12 @@ from tp_query.schema.model_config import (
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import TensorSpec
 
+from .compose import StageWork
 from .flops import graph_parameter_count, megatron_model_flops, parameter_count
 from .framework import Framework, PipeSchedule, in_flight_microbatches
 from .graph import Graph, Phase, Section
 from .hostsim import HostModel
 from .lookup import Source
-from .compose import StageWork
 from .memory import MemoryBreakdown, stage_memory
 from .parallel import MEGATRON_MOE_ARGS, MEGATRON_MOE_AUX_LOSS_COEFF, ParallelConfig, PlanError
 from .request import OpRow, PredictError, Prediction
