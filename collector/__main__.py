@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tp_query.schema.gpus import UnknownGpu, gpu_spec
+from tp_query.schema.gpus import UnknownGpu, gpu_spec, validation_folder
 from tp_query.schema.manifest import ManifestError
 from tp_query.schema.precision import Precision
 
@@ -121,7 +121,7 @@ def _validate(a: argparse.Namespace) -> int:
     cases = default_cases()
     if a.only:
         cases = [c for c in cases if any(s in c.case_id for s in a.only.split(","))]
-    out = Path(a.out)
+    out = Path(a.out or validation_folder(spec.name))
     if a.machine_sample:  # another sample of the machine kind: this instance's own folder (see dist-validate)
         from .device import machine_id
 
@@ -152,7 +152,8 @@ def _comm(a: argparse.Namespace) -> int:
 def _dist_validate(a: argparse.Namespace) -> int:
     from .dist_validate import main_dist
 
-    main_dist(a.gpu, Path(a.out), a.only, a.budget_s, a.frameworks, Path(a.tiny_model) if a.tiny_model else None,
+    out = Path(a.out or validation_folder(gpu_spec(a.gpu).name))
+    main_dist(a.gpu, out, a.only, a.budget_s, a.frameworks, Path(a.tiny_model) if a.tiny_model else None,
               a.retry_errors, a.remeasure, a.machine_sample, a.max_iters)
     return 0
 
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                         "deterministic synthetic latencies from FLOPs and bytes (CPU tests only)")
     v = sub.add_parser("validate", help="time real training iterations")
     v.add_argument("--gpu", required=True)
-    v.add_argument("--out", default="data/validation")
+    v.add_argument("--out", help="default data/validation (h200) or data/validation/<gpu>")
     v.add_argument("--only")
     v.add_argument("--budget-s", type=float)
     v.add_argument("--machine-sample", action="store_true",
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(<out>/machines/<id>/; the report takes the median over instances)")
     dv.add_argument("--max-iters", type=int, default=30, help="the most timed steps per case")
     dv.add_argument("--budget-s", type=float)
-    dv.add_argument("--out", default="data/validation")
+    dv.add_argument("--out", help="default data/validation (h200) or data/validation/<gpu>")
     dp_ = sub.add_parser("dist-probe", help="overlap, framework host costs and FSDP2's copy kernels (launch with "
                                             "torchrun)")
     dp_.add_argument("--gpu", required=True)

@@ -842,8 +842,10 @@ def plot(
 @app.command()
 def report(
     gpu: GpuOpt = "h200",
-    validation: Annotated[Path, typer.Option(help="folder of measured iterations")] = Path("data/validation"),
-    out: Annotated[Path, typer.Option(help="markdown report to write")] = Path("docs/validation.md"),
+    validation: Annotated[Path | None, typer.Option(
+        help="folder of measured iterations (default data/validation for h200, data/validation/<gpu> else)")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="markdown report to write (default docs/validation.md for h200, docs/validation-<gpu>.md else)")] = None,
     fit: Annotated[bool, typer.Option(help="fit the host model on the calibration split (from fixed defaults)")] = True,
     calibration_out: Annotated[Path | None, typer.Option("--calibration-out",
                                                          help="write the fitted host model here")] = None,
@@ -858,19 +860,24 @@ def report(
         from tp_query.engine.db import default_root
         from tp_query.engine.predict import Engine
         from tp_query.engine.validation import Study, load_rows, report_markdown, summary
+        from tp_query.schema.gpus import REFERENCE_GPU, validation_folder
+
+        key = _gpu_key(gpu)
+        md = out or Path("docs/validation.md" if key == REFERENCE_GPU else f"docs/validation-{key}.md")
 
         if calibration_out is not None and not fit:
             raise UserError("--calibration-out writes the fitted host model: it needs --fit (the default)")
-        _check_output(out, "--out", (".md",))  # its .json and -scatter.svg are written beside it
+        _check_output(md, "--out", (".md",))  # its .json and -scatter.svg are written beside it
         if calibration_out is not None:  # checked before minutes of assembling and fitting
             _check_output(calibration_out, "--calibration-out", (".json",))
-            if calibration_out.resolve() in {f.resolve() for f in _report_files(out)}:
-                raise UserError(f"--calibration-out {calibration_out} is a file the report writes (--out {out} "
+            if calibration_out.resolve() in {f.resolve() for f in _report_files(md)}:
+                raise UserError(f"--calibration-out {calibration_out} is a file the report writes (--out {md} "
                                 "writes its .md, .json and -scatter.svg): name another")
         eng = Engine(gpu, db)
-        rows = load_rows(validation, eng.gpu.name)
+        folder = validation or Path(validation_folder(eng.gpu.name))
+        rows = load_rows(folder, eng.gpu.name)
         if not rows:
-            raise UserError(f"no validation measurements under {validation} (run `make validate` on a GPU)")
+            raise UserError(f"no validation measurements under {folder} (run `make validate` on a GPU)")
         with _Status(f"assembling {len(rows)} validation cases (traces each new one: minutes)"):
             study = Study(eng, rows)
         host = eng.host
@@ -891,19 +898,19 @@ def report(
         for st in Setting:
             cs = [c for c in study.cases if c.setting == st.value and c.predicted_ms and c.measured_ms]
             series.append(plot.Series(st.value, [c.measured_ms for c in cs], [c.predicted_ms for c in cs]))
-        svg = plot.scatter_loglog([s for s in series if s.xs], "Predicted vs measured iteration time (H200)",
+        svg = plot.scatter_loglog([s for s in series if s.xs], f"Predicted vs measured iteration time ({key.upper()})",
                                   "measured ms", "predicted ms")
-        _, out_json, plot_path = _report_files(out)
+        _, out_json, plot_path = _report_files(md)
         plot.write(svg, plot_path)
         prov = eng.db.info().provenance
-        out.write_text(report_markdown(study.cases, host, summ, plot_path.name, prov, eng.framework.instances(),
-                                       fitted=fit, validation_dir=f"{validation.as_posix().rstrip('/')}/",
-                                       database_dir=_shown_path(Path(db or default_root()) / gpu)))
+        md.write_text(report_markdown(study.cases, host, summ, plot_path.name, prov, eng.framework.instances(),
+                                      fitted=fit, validation_dir=f"{folder.as_posix().rstrip('/')}/",
+                                      database_dir=_shown_path(Path(db or default_root()) / key)))
         out_json.write_text(json.dumps(
             {"summary": summ, "host_model": dataclasses.asdict(host),
              "cases": [{**dataclasses.asdict(c), "ape": c.ape} for c in study.cases]}, indent=1, default=str))
         a, h = summ["all"], summ["holdout"]
-        typer.echo(f"wrote {out}: {a['n']} cases, MAPE {100 * a['mape']:.1f}% (holdout {100 * h['mape']:.1f}%, "
+        typer.echo(f"wrote {md}: {a['n']} cases, MAPE {100 * a['mape']:.1f}% (holdout {100 * h['mape']:.1f}%, "
                    f"max {100 * a['max']:.1f}%), static-TF32 baseline {100 * a['baselines']['static-tf32']:.0f}%")
 
     _guard(go)

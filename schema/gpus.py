@@ -79,6 +79,15 @@ def gpu_spec(name: str) -> GpuSpec:
     return GPUS[key]
 
 
+REFERENCE_GPU = "h200"
+
+
+def validation_folder(gpu: str) -> str:
+    """Where a GPU's measured training iterations live: the reference GPU's in data/validation (they came first),
+    another's in data/validation/<gpu>/, so a report never compares one GPU's runs with another's database."""
+    return "data/validation" if gpu == REFERENCE_GPU else f"data/validation/{gpu}"
+
+
 def normalise_nvml_name(nvml_name: str) -> str | None:
     """"NVIDIA H200" -> "h200"; None when the device is not one we know. The whole name must match (case and runs
     of spaces aside): "NVIDIA GH200 480GB" is no H200 (96 GB, another power limit) and "NVIDIA H100 PCIe" no SXM

@@ -709,6 +709,19 @@ def test_a_report_refuses_runs_measured_on_another_gpu(tmp_path: Path) -> None:
         load_rows(prov, "h200")
 
 
+def test_each_gpu_keeps_its_runs_in_its_own_folder() -> None:
+    """The H100 runs came back into the H200's folder and the report refused the folder; each GPU's runs now
+    live apart (the reference GPU's at the top), and neither report reads the other's."""
+    from tp_query.engine.validation import load_rows
+    from tp_query.schema.gpus import REFERENCE_GPU, validation_folder
+
+    assert validation_folder(REFERENCE_GPU) == "data/validation"
+    h100 = load_rows(ROOT / validation_folder("h100"), "h100")
+    assert h100 and {r["gpu"] for r in h100} == {"h100"}
+    h200 = load_rows(ROOT / validation_folder("h200"), "h200")
+    assert {r["gpu"] for r in h200} == {"h200"}
+
+
 def test_a_report_says_what_it_read_and_whether_it_fitted(tmp_path: Path) -> None:
     """`report --no-fit` over another folder of runs said it fitted, on the committed measurements (helper audit);
     the header now names the folder read and the host model as given."""
