@@ -82,6 +82,9 @@ FIRST_MACHINE = "first"  # host rows written before instances were told apart (o
 TYPICAL_HOST = "typical"  # not an instance: each host cost is the median over the measured instances
 FSDP_COPY_KIND = "fsdp_copy"  # collector.dist_probe.copies_campaign
 FSDP_KINDS = ("fsdp_z2", "fsdp_z3")  # the probe's FSDP2 kinds (reshard_after_forward False, True)
+# kinds whose host work is hooks on parameters and buckets, the same in any dtype (DDP's autograd hooks and bucket
+# copies, FSDP2's all-gather/reduce-scatter issue and copies): every measured setting's rows answer for each
+DTYPE_FREE_HOST_KINDS = ("ddp", "ddp_bucket_view", *FSDP_KINDS)
 
 
 @dataclass
@@ -278,10 +281,11 @@ class FrameworkData:
         return self._extras[key]
 
     def _host_extra(self, framework: str, kind: str, setting: str, ranks: int) -> HostExtra:
-        if kind in FSDP_KINDS:
-            # FSDP2's hooks (all-gather and reduce-scatter issue, copy-in/out, reshard) do the same host work in
-            # any dtype: every measured setting's rows answer for each setting (median over them), not one
-            # setting's single fit
+        if kind in DTYPE_FREE_HOST_KINDS:
+            # DDP's and FSDP2's hooks (bucket copies and all-reduce issue; all-gather and reduce-scatter issue,
+            # copy-in/out, reshard) do the same host work in any dtype: every measured setting's rows answer for
+            # each setting (median over them), not one setting's single fit (DDP's amp_bf16 fit alone gave
+            # 1 ms of forward host work a layer, where DDP's forward does nothing per layer; its bf16 fit gave 0)
             rows = self._host_rows([r for st in self.settings_of(framework, kind)
                                     for r in self._indexed(framework, lambda k: k == kind, st)])
         else:

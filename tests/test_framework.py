@@ -284,6 +284,19 @@ def test_framework_data_reads_measured_rows() -> None:
     assert fd.per_op_host_us("bf16") == {"fwd_us": 11.0}  # only what was measured
 
 
+def test_ddp_host_costs_are_the_same_in_every_setting() -> None:
+    """DDP's hooks do the same host work in any dtype (as FSDP2's): bf16's and amp_bf16's rows answer for both,
+    their median; DTensor TP's, which dispatch per operator under autocast's casts too, stay per setting."""
+    rows = [{"framework": "torch", "kind": k, "setting": st, "phase": "fwd", "quantity": "extra_per_layer_us",
+             "value_us": v, "ranks": 2, "status": "ok"}
+            for k in ("ddp", "tp") for st, v in (("bf16", -300.0), ("amp_bf16", 900.0))]
+    fd = FrameworkData([], rows)
+    assert fd.host_extra("torch", "ddp", "bf16", 2).per_layer_us == {"fwd": 300.0}
+    assert fd.host_extra("torch", "ddp", "amp_bf16", 2).per_layer_us == {"fwd": 300.0}
+    assert fd.host_extra("torch", "tp", "bf16", 2).per_layer_us == {"fwd": 0.0}
+    assert fd.host_extra("torch", "tp", "amp_bf16", 2).per_layer_us == {"fwd": 900.0}
+
+
 def test_host_costs_come_from_one_machine_instance() -> None:
     """Each instance keeps its rows; by default each cost is the median over the instances that measured it
     (the typical host), one instance on request; a kind the chosen instance did not measure comes from the
