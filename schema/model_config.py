@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -556,6 +557,10 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         raise ConfigError(f"{model_type}: sliding_window is null, but its layers alternate sliding and full attention "
                           "(transformers cannot build it so): give the window size, or layer_types")
     layer_types = _layer_types(cfg, family, model_type, n_layers, window)
+    per_layer_overrides_by_type(cfg, layer_types or (FULL,) * n_layers)  # refused here, rewritten for each cut
+    if cfg.get("num_kv_shared_layers"):  # Gemma-3n/4: the last layers reuse earlier layers' keys and values
+        raise ConfigError(f"num_kv_shared_layers {cfg['num_kv_shared_layers']}: layers that reuse another layer's keys "
+                          "and values (no K/V projections of their own) are not modelled")
     if family == ArchFamily.TRANSFORMERS and "layer_types" not in cfg:
         chunk = with_depth_defaults(cfg).get("attention_chunk_size")
         if chunk:  # Llama-4: its RoPE layers attend within chunks (a mask), its NoPE layers to everything
@@ -722,6 +727,37 @@ _HF_DROP = ("architectures", "torch_dtype", "dtype", "transformers_version", "au
             "_name_or_path", "text_config", "vision_config")
 
 
+def per_layer_overrides_by_type(cfg: dict[str, Any], layer_types: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """transformers' per-layer config overrides (`per_layer_config`: Gemma-4's head size and KV heads of its full
+    attention layers) as one override per attention type, or a refusal where they are not: a trace's cut keeps
+    one layer of each kind, and its config must give each kept layer the overrides of the layers it stands for."""
+    plc = cfg.get("per_layer_config")
+    if not plc:
+        return {}
+    n = len(layer_types)
+    if not isinstance(plc, dict) or not all(isinstance(v, dict) for v in plc.values()):
+        raise ConfigError("per_layer_config must map layer indices to objects of overrides")
+    by_type: dict[str, dict[str, Any]] = {}
+    counted: dict[str, int] = {}
+    for k, ov in plc.items():
+        try:
+            i = int(k)
+        except (TypeError, ValueError):
+            raise ConfigError(f"per_layer_config key {str(k)[:20]!r} is not a layer index") from None
+        if not 0 <= i < n:
+            raise ConfigError(f"per_layer_config names layer {i} of a model of {n} layers")
+        t = layer_types[i]
+        if by_type.setdefault(t, ov) != ov:
+            raise ConfigError(f"per_layer_config gives {t} layers different overrides: layers that differ along "
+                              "the depth this way are not modelled")
+        counted[t] = counted.get(t, 0) + 1
+    for t, c in counted.items():
+        if c != list(layer_types).count(t):
+            raise ConfigError(f"per_layer_config overrides {c} of the {list(layer_types).count(t)} {t} layers: "
+                              "layers that differ along the depth this way are not modelled")
+    return by_type
+
+
 def _hf_config(cfg: dict[str, Any], model_type: str, layer_types: tuple[str, ...]) -> dict[str, Any]:
     out = {k: v for k, v in cfg.items() if k not in _HF_DROP}
     out["model_type"] = model_type
@@ -799,7 +835,7 @@ def with_class_defaults(cfg: dict[str, Any], model_type: str, family: ArchFamily
 
 
 def _unwrapped(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The language model's config of a multimodal wrapper the parser reads (Llama-4, Gemma-3), and what was left
+    """The language model's config of a multimodal wrapper the parser reads (Llama-4, Gemma-3/4, Mistral-3), and what was left
     out ("" for a plain config)."""
     mt = cfg.get("model_type")
     if mt == "llama4" and isinstance(cfg.get("text_config"), dict):
@@ -822,8 +858,10 @@ def _unwrapped(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 # multimodal wrappers read as their language model: the text model type ("" for text_config's own) and the class
-WRAPPER_ARCHITECTURES = ("Llama4ForConditionalGeneration", "Mistral3ForConditionalGeneration")
+WRAPPER_ARCHITECTURES = ("Llama4ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+                         "Gemma4ForConditionalGeneration")
 _TIED_WRAPPERS = {"gemma3": ("gemma3_text", "Gemma3ForConditionalGeneration"),
+                  "gemma4": ("gemma4_text", "Gemma4ForConditionalGeneration"),
                   "mistral3": ("", "Mistral3ForConditionalGeneration")}
 
 
@@ -892,7 +930,7 @@ def config_notes(cfg: Any) -> list[str]:
 def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
     if not isinstance(cfg, dict):
         raise ConfigError("a model config must be a JSON object")
-    if cfg.get("model_type") in ("llama4", "mistral3"):
+    if cfg.get("model_type") in ("llama4", "mistral3", "gemma4"):
         cfg, _ = _unwrapped(cfg)
     family, model_type = identify(cfg)
     _check_unmodelled_keys(cfg, family)

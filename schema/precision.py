@@ -24,6 +24,7 @@ class DType(StrEnum):
     I16 = "i16"
     I8 = "i8"
     U8 = "u8"
+    U64 = "u64"  # flash attention's RNG state (philox seed and offset), passed to its backward
     BOOL = "bool"
     C64 = "c64"
 
@@ -38,7 +39,7 @@ class DType(StrEnum):
 
 _ITEMSIZE = {
     DType.FP64: 8, DType.FP32: 4, DType.FP16: 2, DType.BF16: 2, DType.FP8E4M3: 1, DType.FP8E5M2: 1,
-    DType.I64: 8, DType.I32: 4, DType.I16: 2, DType.I8: 1, DType.U8: 1, DType.BOOL: 1, DType.C64: 8,
+    DType.I64: 8, DType.I32: 4, DType.I16: 2, DType.I8: 1, DType.U8: 1, DType.U64: 8, DType.BOOL: 1, DType.C64: 8,
 }
 _FLOATS = {DType.FP64, DType.FP32, DType.FP16, DType.BF16, DType.FP8E4M3, DType.FP8E5M2}
 
@@ -47,7 +48,7 @@ TORCH_NAME_TO_DTYPE: dict[str, DType] = {
     "torch.float64": DType.FP64, "torch.float32": DType.FP32, "torch.float16": DType.FP16,
     "torch.bfloat16": DType.BF16, "torch.float8_e4m3fn": DType.FP8E4M3, "torch.float8_e5m2": DType.FP8E5M2,
     "torch.int64": DType.I64, "torch.int32": DType.I32, "torch.int16": DType.I16, "torch.int8": DType.I8,
-    "torch.uint8": DType.U8, "torch.bool": DType.BOOL, "torch.complex64": DType.C64,
+    "torch.uint8": DType.U8, "torch.uint64": DType.U64, "torch.bool": DType.BOOL, "torch.complex64": DType.C64,
 }
 DTYPE_TO_TORCH_NAME: dict[DType, str] = {v: k for k, v in TORCH_NAME_TO_DTYPE.items()}
 

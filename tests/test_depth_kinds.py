@@ -281,3 +281,48 @@ def test_per_layer_lists_have_one_entry_per_layer() -> None:
         parse_config({**qwen, "layer_types": ["full_attention", "sliding_attention", "full_attention"]})
     with pytest.raises(ConfigError, match="one per layer"):
         parse_config({**GLM, "mlp_layer_types": ["dense"] * 2 + ["sparse"] * 5})
+
+
+GEMMA4 = {**_SMALL, "model_type": "gemma4_text", "num_hidden_layers": 6, "head_dim": 32, "sliding_window": 64,
+          "layer_types": ["sliding_attention"] * 5 + ["full_attention"], "vocab_size_per_layer_input": 512,
+          "hidden_size_per_layer_input": 16, "per_layer_config": {"5": {"head_dim": 64}}}
+
+
+def test_per_layer_overrides_are_read_by_attention_type() -> None:
+    """transformers' per_layer_config (Gemma-4: the full-attention layers' own head size) is one override per
+    attention type; overrides that differ within a type, or cover part of it, are refused in one line."""
+    from tp_query.schema.model_config import per_layer_overrides_by_type
+
+    types = GEMMA4["layer_types"]
+    assert per_layer_overrides_by_type(GEMMA4, types) == {"full_attention": {"head_dim": 64}}
+    assert per_layer_overrides_by_type({**GEMMA4, "per_layer_config": None}, types) == {}
+    for plc, why in (({"0": {"head_dim": 64}}, "overrides 1 of the 5 sliding_attention"),
+                     ({"0": {"head_dim": 64}, **{str(i): {"head_dim": 32} for i in range(1, 5)}}, "different"),
+                     ({"9": {"head_dim": 64}}, "names layer 9"), ({"x": {}}, "not a layer index")):
+        with pytest.raises(ConfigError, match=why):
+            parse_config({**GEMMA4, "per_layer_config": plc})
+    with pytest.raises(ConfigError, match="reuse another layer's keys"):  # Gemma-4 E2B/E4B's KV sharing
+        parse_config({**GEMMA4, "num_kv_shared_layers": 2})
+    # the multimodal wrapper is read as its language model
+    wrapped = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+               "text_config": {k: v for k, v in GEMMA4.items() if k != "model_type"}}
+    spec = parse_config(wrapped)
+    assert spec.model_type == "gemma4_text" and spec.layer_types == tuple(GEMMA4["layer_types"])
+
+
+def test_gemma4s_cut_keeps_each_layers_overrides_and_its_per_layer_embeddings() -> None:
+    """A trace's cut (a leading layer, a sliding one, the full one) gives each kept layer its type's overrides;
+    composed, it has the whole model's parameters, per-layer input embeddings (one slice per layer) included."""
+    from tp_query.engine.flops import graph_parameter_count
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.engine.trace.hf_models import hf_config_for
+    from tp_query.engine.trace.models import Shard
+    from tp_query.schema.precision import Setting
+
+    spec = parse_config(GEMMA4)
+    assert spec.traced_layer_indices() == (0, 0, 5)
+    cut_cfg = hf_config_for(spec.cut((0, 0, 5)), Shard())
+    assert [cut_cfg.per_layer_config[i].head_dim for i in range(3)] == [32, 32, 64]
+    real = transformers.AutoModelForCausalLM.from_config(hf_config_for(spec, Shard()))
+    cut = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
+    assert graph_parameter_count(cut) == sum(p.numel() for p in real.parameters())

@@ -39,7 +39,7 @@ from tp_query.engine.graph import (
 )
 from tp_query.engine.request import OPTIMIZERS
 from tp_query.schema.messages import TpQueryError
-from tp_query.schema.model_config import ArchFamily, ModelSpec
+from tp_query.schema.model_config import ArchFamily, Builder, ModelSpec
 from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
 
@@ -721,13 +721,21 @@ def trace_config(req: TraceRequest, *, full_warmup_step: bool = False) -> Graph:
                           f"config ({type(e).__name__}: {first_line(e)}); for this model use `tp-query trace`") from None
 
 
+def _depth_sized_inputs(spec: ModelSpec) -> bool:
+    from .hf_models import depth_sized_inputs
+
+    return depth_sized_inputs(spec)
+
+
 def _trace_config(req: TraceRequest, full_warmup_step: bool) -> Graph:
     _validate(req)
     autocast_cuda.install()
     sdpa.install()
     st = SETTINGS[req.setting]
     t0 = time.perf_counter()
-    if len(set(req.spec.layer_kinds())) > 1 and req.traced_layers < req.spec.num_layers:
+    if req.spec.builder == Builder.HF and _depth_sized_inputs(req.spec):
+        spec_t = req.spec  # per-layer input tables sized by the depth: the whole model (its layers composed alike)
+    elif len(set(req.spec.layer_kinds())) > 1 and req.traced_layers < req.spec.num_layers:
         # layers differ in kind (attention type, dense or sparse MLP, RoPE): a leading layer, then one template
         # of each kind
         spec_t = req.spec.cut(req.spec.traced_layer_indices())

@@ -28,9 +28,11 @@ from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import (
     ROPE_DEPTH_KEYS,
     ArchFamily,
+    Builder,
     ConfigError,
     ModelSpec,
     depth_kinds,
+    per_layer_overrides_by_type,
     with_depth_defaults,
 )
 
@@ -161,12 +163,16 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     """transformers' config of the module one rank runs (layers as `spec.num_layers` / layer_types)."""
     quiet_imports()
     cfg = json.loads(spec.hf_config)
+    by_type = _overrides_by_type(cfg)
     cfg["num_hidden_layers"] = spec.num_layers
     if spec.layer_types:
         cfg["layer_types"] = list(spec.layer_types)
     elif isinstance(cfg.get("layer_types"), list):  # every layer full (as transformers >= 4.53 saves the list)
         cfg["layer_types"] = ["full_attention"] * spec.num_layers
     _write_depth_kinds(cfg, spec)
+    if by_type:
+        cfg["per_layer_config"] = {i: dict(by_type[t]) for i in range(spec.num_layers)
+                                   if (t := spec.layer_type(i)) in by_type}
     if "head_dim" not in cfg and spec.family not in (ArchFamily.GPT_NEOX, ArchFamily.TRANSFORMERS):
         cfg["head_dim"] = spec.head_dim
     if shard.tp > 1:
@@ -186,11 +192,12 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
             v = getattr(whole, k, None)
             if cfg.get(k) is None and isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 cfg[k] = v
-        for k in _TP_KEYS:
-            if cfg.get(k):
-                if cfg[k] % shard.tp:
-                    raise UnsupportedSplit(f"{k} {cfg[k]} is not divisible by TP={shard.tp}")
-                cfg[k] //= shard.tp
+        for d in (cfg, *(cfg.get("per_layer_config") or {}).values()):  # a layer's own head counts divide too
+            for k in _TP_KEYS:
+                if d.get(k):
+                    if d[k] % shard.tp:
+                        raise UnsupportedSplit(f"{k} {d[k]} is not divisible by TP={shard.tp}")
+                    d[k] //= shard.tp
         cfg["pad_token_id"] = None  # a padding row belongs to one vocabulary shard (as the native builder)
     return _config_object(cfg)
 
@@ -242,6 +249,25 @@ def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
         cfg["no_rope_layers"] = [1] * n
 
 
+def depth_sized_inputs(spec: ModelSpec) -> bool:
+    """Whether the model's embedding holds tables sized by its depth (Gemma-3n/4's per-layer input embeddings,
+    `hidden_size_per_layer_input`, its class default included): a cut of its layers would shrink them, so it is
+    traced whole."""
+    if spec.builder != Builder.HF or not spec.hf_config:
+        return False
+    return bool(getattr(_config_object(json.loads(spec.hf_config)), "hidden_size_per_layer_input", 0) or 0)
+
+
+def _overrides_by_type(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The whole model's per-layer overrides by attention type (the parser refused any other pattern), read before
+    the config is cut to a trace's layers."""
+    if not cfg.get("per_layer_config"):
+        return {}
+    n = int(cfg.get("num_hidden_layers") or 0)
+    types = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else ["full_attention"] * n
+    return per_layer_overrides_by_type(cfg, types)
+
+
 def _config_object(cfg: dict[str, Any]) -> Any:
     """transformers' config object of a config.json dict (its `model_type` included), or a one-line refusal
     carrying the model type's own check."""
@@ -269,7 +295,10 @@ def check_layer_kinds(spec: ModelSpec) -> None:
     if spec.family != ArchFamily.TRANSFORMERS:
         return
     cfg = json.loads(spec.hf_config)
+    by_type = _overrides_by_type(cfg)
     cfg["num_hidden_layers"] = spec.num_layers
+    if by_type:  # (the spec's layer types: what the parser read, checked against transformers' own below)
+        cfg["per_layer_config"] = {i: by_type[t] for i in range(spec.num_layers) if (t := spec.layer_type(i)) in by_type}
     obj = _config_object(cfg)
     # chunked attention (Llama-4) is SDPA with a mask, as sliding windows are; other kinds (recurrent, linear or
     # hybrid layers), whether the config lists them or transformers derives them, are refused for that reason
