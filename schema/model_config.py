@@ -640,7 +640,7 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
 _MIXED_DEPTH_KEYS = ("moe_layer_freq", "hybrid_override_pattern",
                      "layers_block_type", "attn_layer_indices", "full_attn_idxs")
 # Keys `depth_kinds` reads: a trace of a cut writes them for the layers it keeps (engine/trace/hf_models.py)
-MLP_DEPTH_KEYS = ("mlp_layer_types", "first_k_dense_replace", "mlp_only_layers", "decoder_sparse_step", "moe_layers",
+MLP_DEPTH_KEYS = ("mlp_layer_types", "first_k_dense_replace", "num_dense_layers", "mlp_only_layers", "decoder_sparse_step", "moe_layers",
                   "interleave_moe_layer_step", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval")
 ROPE_DEPTH_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 
@@ -658,7 +658,7 @@ DEPTH_DEFAULTS: dict[str, dict[str, Any]] = {
     "glm4_moe": {"first_k_dense_replace": 1}, "glm4v_moe": {"first_k_dense_replace": 1},
     "exaone_moe": {"first_k_dense_replace": 1}, "deepseek_v3": {"first_k_dense_replace": 3},
     "llama4_text": {"no_rope_layer_interval": 4, "interleave_moe_layer_step": 1, "attention_chunk_size": 8192},
-    "smollm3": {"no_rope_layer_interval": 4},
+    "smollm3": {"no_rope_layer_interval": 4}, "afmoe": {"num_dense_layers": 1},
     "ernie4_5_moe": {"moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1},
 }
 
@@ -672,7 +672,7 @@ def with_depth_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
 def depth_kinds(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[bool, ...]]:
     """Each layer's MLP kind ("dense" / "sparse", or the config's own `mlp_layer_types` words) and whether it
     applies RoPE, by the rules transformers 5.17's model types read: `mlp_layer_types`; `first_k_dense_replace`
-    (DeepSeek-style: the first k layers dense); Qwen-MoE's `mlp_only_layers` / `decoder_sparse_step`; SmolLM3's and
+    (DeepSeek-style: the first k layers dense) and `num_dense_layers` (AFMoE, LFM2-MoE: the same); Qwen-MoE's `mlp_only_layers` / `decoder_sparse_step`; SmolLM3's and
     Llama-4's `no_rope_layers` (1: RoPE) / `no_rope_layer_interval`; Llama-4's `moe_layers` /
     `interleave_moe_layer_step`. Empty where every layer is alike; a key this does not model is refused."""
     cfg = with_depth_defaults(cfg)
@@ -689,10 +689,12 @@ def depth_kinds(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[boo
             raise ConfigError(f"mlp_layer_types must list {n} MLP kinds, one per layer (transformers refuses any "
                               "other length)" + (f", got {len(given)}" if isinstance(given, list) else ""))
         mlp = list(given[:n])
-    elif cfg.get("first_k_dense_replace"):
-        k = cfg["first_k_dense_replace"]
+    elif cfg.get("first_k_dense_replace") or cfg.get("num_dense_layers"):
+        # (AFMoE's and LFM2-MoE's num_dense_layers: the same rule, the first k layers dense)
+        key = "first_k_dense_replace" if cfg.get("first_k_dense_replace") else "num_dense_layers"
+        k = cfg[key]
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ConfigError(f"first_k_dense_replace must be a non-negative integer, got {k!r}")
+            raise ConfigError(f"{key} must be a non-negative integer, got {k!r}")
         mlp = ["dense" if i < k else "sparse" for i in range(n)]
     elif cfg.get("moe_layers") is not None or cfg.get("interleave_moe_layer_step", 1) not in (1, None):
         step = _pos_int("interleave_moe_layer_step", cfg.get("interleave_moe_layer_step") or 1)

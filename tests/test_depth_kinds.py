@@ -326,3 +326,27 @@ def test_gemma4s_cut_keeps_each_layers_overrides_and_its_per_layer_embeddings() 
     real = transformers.AutoModelForCausalLM.from_config(hf_config_for(spec, Shard()))
     cut = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
     assert graph_parameter_count(cut) == sum(p.numel() for p in real.parameters())
+
+
+AFMOE = {**_SMALL, "model_type": "afmoe", "num_hidden_layers": 8, "num_dense_layers": 2, "num_experts": 4,
+         "num_experts_per_tok": 2, "moe_intermediate_size": 64, "num_shared_experts": 1, "sliding_window": 64,
+         "global_attn_every_n_layers": 4, "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 2}
+
+
+def test_afmoes_leading_dense_layers_are_their_own_kind() -> None:
+    """AFMoE (Arcee Trinity) keeps its first num_dense_layers dense (class default 1): a cut of a dense and an MoE
+    layer of each attention type has the whole model's parameters (the cut's kinds had differed before)."""
+    from tp_query.engine.flops import graph_parameter_count
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.engine.trace.hf_models import hf_config_for
+    from tp_query.engine.trace.models import Shard
+    from tp_query.schema.precision import Setting
+
+    spec = parse_config(AFMOE)
+    assert spec.mlp_layer_types == ("dense",) * 2 + ("sparse",) * 6
+    assert parse_config({k: v for k, v in AFMOE.items() if k != "num_dense_layers"}).mlp_layer_types == (
+        "dense",) + ("sparse",) * 7
+    real = transformers.AutoModelForCausalLM.from_config(hf_config_for(spec, Shard()))
+    cut = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
+    assert cut.meta.traced_layers < spec.num_layers
+    assert graph_parameter_count(cut) == sum(p.numel() for p in real.parameters())

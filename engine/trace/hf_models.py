@@ -238,6 +238,8 @@ def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
             cfg.update(moe_layer_start_index=k, moe_layer_end_index=n - 1, moe_layer_interval=1)
         elif own.get("first_k_dense_replace"):
             cfg["first_k_dense_replace"] = _dense_first(kinds, spec, "first_k_dense_replace")
+        elif own.get("num_dense_layers"):
+            cfg["num_dense_layers"] = _dense_first(kinds, spec, "num_dense_layers")
         else:
             cfg["mlp_only_layers"] = [i for i, x in enumerate(kinds) if x == "dense"]
             cfg["decoder_sparse_step"] = 1
