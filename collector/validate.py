@@ -288,7 +288,8 @@ BF16_ONLY_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
 # Six model types known only to transformers (2026-12-02, predicted before they ran): the configs transformers
 # 5.17 builds by default for them (their flagship sizes), cut to 4 layers: GLM-4, EXAONE-4 (three sliding-window
 # layers of 4096 tokens to one global), Seed-OSS, Apertus (xIELU activation), Arcee AFM (ReLU^2, no gate), ERNIE-4.5;
-# tf32 and amp_fp16 added after the first two settings ran (predicted before they ran too)
+# tf32 and amp_fp16 added after the first two settings ran (predicted before they ran too); later Gemma-4's text model
+# (per-layer overrides and input embeddings, six layers: its first full one is the sixth) and AFMoE (2026-12-06)
 DEFAULT_TYPE_CONFIGS = Path(__file__).resolve().parent.parent / "data" / "validation" / "configs" / \
     "transformers-default-types.json"
 
@@ -296,7 +297,8 @@ DEFAULT_TYPE_CONFIGS = Path(__file__).resolve().parent.parent / "data" / "valida
 def default_type_cases() -> list[Case]:
     if not DEFAULT_TYPE_CONFIGS.exists():
         return []
-    table = {f"{mt}-default": (cfg, 4, 1, 4096) for mt, cfg in json.loads(DEFAULT_TYPE_CONFIGS.read_text()).items()}
+    table = {f"{mt}-default": (cfg, layers_to_keep(cfg), 1, 4096)
+             for mt, cfg in json.loads(DEFAULT_TYPE_CONFIGS.read_text()).items()}
     return held_out_cases(table, GENERIC_SETTINGS)
 
 
@@ -318,7 +320,16 @@ def layers_of(cfg: dict[str, Any], n: int) -> dict[str, Any]:
     for k in ("layer_types", "mlp_layer_types", "no_rope_layers"):  # per-layer lists: one entry per layer kept
         if isinstance(cfg.get(k), list):
             out[k] = cfg[k][:n]
+    if isinstance(cfg.get("per_layer_config"), dict):  # per-layer overrides (Gemma-4): of the layers kept
+        out["per_layer_config"] = {k: v for k, v in cfg["per_layer_config"].items() if int(k) < n}
     return out
+
+
+def layers_to_keep(cfg: dict[str, Any], at_least: int = 4) -> int:
+    """The layers a held-out cut keeps: `at_least`, or up to the first layer of each attention type (Gemma-4's
+    first full-attention layer is its sixth)."""
+    types = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else []
+    return max(at_least, *(types.index(t) + 1 for t in set(types))) if types else at_least
 
 
 def tp_shard_config(cfg: dict[str, Any], tp: int) -> dict[str, Any]:
