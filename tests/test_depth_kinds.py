@@ -350,3 +350,14 @@ def test_afmoes_leading_dense_layers_are_their_own_kind() -> None:
     cut = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
     assert cut.meta.traced_layers < spec.num_layers
     assert graph_parameter_count(cut) == sum(p.numel() for p in real.parameters())
+
+
+def test_a_layer_list_transformers_rewrites_is_refused() -> None:
+    """Gemma-4's config class makes its last layer full attention whatever layer_types says: a list ending in a
+    sliding layer would be predicted as read and built otherwise, so it is refused."""
+    from tp_query.engine.trace.hf_models import check_layer_kinds
+
+    check_layer_kinds(parse_config(GEMMA4))
+    sliding = {**GEMMA4, "layer_types": ["sliding_attention"] * 6, "per_layer_config": None}
+    with pytest.raises(ConfigError, match="not as layer_types reads"):
+        check_layer_kinds(parse_config(sliding))

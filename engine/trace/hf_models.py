@@ -301,10 +301,17 @@ def check_layer_kinds(spec: ModelSpec) -> None:
     cfg["num_hidden_layers"] = spec.num_layers
     if by_type:  # (the spec's layer types: what the parser read, checked against transformers' own below)
         cfg["per_layer_config"] = {i: by_type[t] for i in range(spec.num_layers) if (t := spec.layer_type(i)) in by_type}
+    given = list(cfg["layer_types"]) if isinstance(cfg.get("layer_types"), list) else None  # (a class may edit it)
     obj = _config_object(cfg)
     # chunked attention (Llama-4) is SDPA with a mask, as sliding windows are; other kinds (recurrent, linear or
     # hybrid layers), whether the config lists them or transformers derives them, are refused for that reason
-    own_types = getattr(obj, "layer_types", None) if "layer_types" not in cfg else None
+    built = getattr(obj, "layer_types", None)
+    if given is not None and isinstance(built, list | tuple) and list(built) != given:
+        # a class that rewrites the list it is given (Gemma-4 makes its last layer full attention)
+        kinds = {k: list(built).count(k) for k in dict.fromkeys(built)}
+        raise ConfigError(f"{spec.model_type}: transformers builds its layers as {kinds}, not as layer_types reads "
+                          f"(e.g. the last layer full attention): give the layer_types it builds")
+    own_types = built if "layer_types" not in cfg else None
     listed = [*spec.layer_types, *(own_types if isinstance(own_types, list | tuple) else ())]
     other = [k for k in dict.fromkeys(map(str, listed))
              if k not in ("full_attention", "sliding_attention", "chunked_attention")]
