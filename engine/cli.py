@@ -881,7 +881,12 @@ def report(
         with _Status(f"assembling {len(rows)} validation cases (traces each new one: minutes)"):
             study = Study(eng, rows)
         host = eng.host
-        if fit:
+        fitted = fit and bool(study.runs("calibration"))
+        if fit and not fitted:  # nothing to fit host costs on: the constants stay as the database gives them
+            typer.echo("note: no calibration run was measured on a host whose per-operator host costs are measured "
+                       "(`python -m tp_query.collector dist-probe --what host` on this GPU's host): the host model "
+                       "is kept as the database gives it, and no calibration file is written", err=True)
+        if fitted:
             with _Status("fitting the host model on the calibration split"):
                 host = study.fit()
             if calibration_out is not None:
@@ -904,8 +909,10 @@ def report(
         plot.write(svg, plot_path)
         prov = eng.db.info().provenance
         md.write_text(report_markdown(study.cases, host, summ, plot_path.name, prov, eng.framework.instances(),
-                                      fitted=fit, validation_dir=f"{folder.as_posix().rstrip('/')}/",
-                                      database_dir=_shown_path(Path(db or default_root()) / key)))
+                                      fitted=fitted, validation_dir=f"{folder.as_posix().rstrip('/')}/",
+                                      database_dir=_shown_path(Path(db or default_root()) / key),
+                                      has_calibration=not eng.calibration_source.startswith("default"),
+                                      campaigns=(Path(db or default_root()) / key / "campaigns").is_dir()))
         out_json.write_text(json.dumps(
             {"summary": summ, "host_model": dataclasses.asdict(host),
              "cases": [{**dataclasses.asdict(c), "ape": c.ape} for c in study.cases]}, indent=1, default=str))

@@ -738,6 +738,24 @@ def test_a_report_says_what_it_read_and_whether_it_fitted(tmp_path: Path) -> Non
     assert json.loads(out.with_suffix(".json").read_text())["cases"]
 
 
+def test_a_gpu_whose_hosts_were_never_probed_fits_no_host_constants(tmp_path: Path) -> None:
+    """The H100 database has no host probe: its four GPU-bound calibration runs had driven every host constant to
+    zero (per_tensor_us 3e-15) and held-out GPT-2 from -13% to -20%. Nothing is fitted; the report says so, writes
+    no calibration file, and names the defaults it used."""
+    val = tmp_path / "val"
+    val.mkdir()
+    for src in sorted((ROOT / "data" / "validation" / "h100").glob("validation-*.parquet"))[:2]:
+        shutil.copy(src, val / src.name)
+    out, cal = tmp_path / "rep.md", tmp_path / "cal.json"
+    r = _cli(["report", "--gpu", "h100", "--validation", str(val), "--out", str(out), "--calibration-out", str(cal)])
+    assert r.returncode == 0 and "2 cases" in r.stdout, r.stderr
+    assert "no calibration run was measured on a host whose per-operator host costs are measured" in r.stderr
+    assert not cal.exists()
+    text = out.read_text()
+    assert "no host of this GPU was probed" in text and "fitted on the calibration split" not in text
+    assert "per_tensor_us=1, per_iteration_us=300" in text and "(H200)" not in text
+
+
 def test_a_cached_read_of_the_wrong_shape_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cache file that parses but is not the shape its reader returns (versions.json holding [1, 2]) crashed every
     run with an AttributeError and was never rebuilt; it is read again from the database."""
