@@ -323,6 +323,14 @@ def test_gemma4s_cut_keeps_each_layers_overrides_and_its_per_layer_embeddings() 
     assert spec.traced_layer_indices() == (0, 0, 5)
     cut_cfg = hf_config_for(spec.cut((0, 0, 5)), Shard())
     assert [cut_cfg.per_layer_config[i].head_dim for i in range(3)] == [32, 32, 64]
+    # under TP each layer's own KV heads divide too (given per layer, or as the class derives them)
+    kv = {**GEMMA4, "per_layer_config": {"5": {"head_dim": 64, "num_key_value_heads": 2}}}
+    tp2 = hf_config_for(parse_config(kv).cut((0, 0, 5)), Shard(tp=2))
+    assert tp2.per_layer_config[2].num_key_value_heads == 1 and tp2.per_layer_config[0].num_key_value_heads == 1
+    derived = {**GEMMA4, "per_layer_config": None, "global_head_dim": 64, "num_global_key_value_heads": 2,
+               "attention_k_eq_v": True}
+    tp2 = hf_config_for(parse_config(derived).cut((0, 0, 5)), Shard(tp=2))
+    assert (tp2.per_layer_config[2].head_dim, tp2.per_layer_config[2].num_key_value_heads) == (64, 1)
     real = transformers.AutoModelForCausalLM.from_config(hf_config_for(spec, Shard()))
     cut = trace_config(TraceRequest(spec, Setting.BF16, 1, 32))
     assert graph_parameter_count(cut) == sum(p.numel() for p in real.parameters())

@@ -40,7 +40,8 @@ from .models import Shard, TPRegion, _ReduceFromTP, _ScatterSP, causal_lm_loss, 
 
 # Config keys a TP split divides (transformers builds the per-rank module from the divided config).
 _TP_KEYS = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
-            "shared_expert_intermediate_size", "intermediate_size_mlp", "vocab_size")
+            "shared_expert_intermediate_size", "intermediate_size_mlp", "vocab_size",
+            "num_global_key_value_heads")  # (Gemma-4's full layers' KV heads, from which its class derives theirs)
 # Families whose attention derives head_dim from hidden_size / heads (a divided config cannot keep it).
 _NO_TP = {ArchFamily.GPT_NEOX: "GPT-NeoX derives its head size from hidden_size / heads"}
 
@@ -182,14 +183,14 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
         if spec.family == ArchFamily.TRANSFORMERS and "head_dim" not in cfg:
             # the head size the whole model has, kept when the heads are divided (a model type that derives it
             # from hidden_size / heads regardless fails the split check: its attention comes out replicated)
-            heads = getattr(whole, "num_attention_heads", None)
-            hd = getattr(whole, "head_dim", None) or (whole.hidden_size // heads if heads else None)
+            heads = _global_attr(whole, "num_attention_heads")
+            hd = _global_attr(whole, "head_dim") or (whole.hidden_size // heads if heads else None)
             if hd:
                 cfg["head_dim"] = int(hd)
         # a size the file leaves to its class is the class default on every rank unless stated: stated here, so it
         # divides (the Hub's Gemma-3 text_config leaves out vocab_size, and on 4B the head counts)
         for k in _TP_KEYS:
-            v = getattr(whole, k, None)
+            v = _global_attr(whole, k)
             if cfg.get(k) is None and isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 cfg[k] = v
         for d in (cfg, *(cfg.get("per_layer_config") or {}).values()):  # a layer's own head counts divide too
@@ -251,6 +252,15 @@ def _write_depth_kinds(cfg: dict[str, Any], spec: ModelSpec) -> None:
         cfg["no_rope_layers"] = [1] * n
 
 
+def _global_attr(cfg: Any, key: str) -> Any:
+    """A config's model-wide value of `key`, or None where it has none: transformers' heterogeneous configs
+    (Gemma-4's per-layer head size and KV heads) raise on a model-wide read of a per-layer attribute."""
+    try:
+        return getattr(cfg, key, None)
+    except Exception:  # AmbiguousGlobalPerLayerAttributeError
+        return None
+
+
 def depth_sized_inputs(spec: ModelSpec) -> bool:
     """Whether the model's embedding holds tables sized by its depth (Gemma-3n/4's per-layer input embeddings,
     `hidden_size_per_layer_input`, its class default included): a cut of its layers would shrink them, so it is
@@ -262,7 +272,10 @@ def depth_sized_inputs(spec: ModelSpec) -> bool:
 
 def _overrides_by_type(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The whole model's per-layer overrides by attention type (the parser refused any other pattern), read before
-    the config is cut to a trace's layers."""
+    the config is cut to a trace's layers. A null per_layer_config is dropped: Gemma-4's class derives the list
+    (from global_head_dim, num_global_key_value_heads) only where the key is absent."""
+    if "per_layer_config" in cfg and cfg["per_layer_config"] is None:
+        del cfg["per_layer_config"]
     if not cfg.get("per_layer_config"):
         return {}
     n = int(cfg.get("num_hidden_layers") or 0)
