@@ -52,7 +52,8 @@ class ArchFamily(StrEnum):
 VALIDATED_MODEL_TYPES = frozenset({"olmo2", "granite", "gemma", "gpt_oss", "starcoder2", "smollm3", "glm4_moe", "dots1",
                                    "olmoe", "deepseek_v2", "deepseek_v3", "llama4_text", "glm4", "exaone4",
                                    "seed_oss", "apertus", "arcee", "ernie4_5", "cohere2", "falcon", "olmo3", "phi",
-                                   "stablelm", "ministral3", "granitemoe", "exaone_moe", "helium", "phimoe"})
+                                   "stablelm", "ministral3", "granitemoe", "exaone_moe", "helium", "phimoe",
+                                   "gemma4_text", "afmoe"})
 
 
 class Builder(StrEnum):
