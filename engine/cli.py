@@ -878,6 +878,9 @@ def report(
         rows = load_rows(folder, eng.gpu.name)
         if not rows:
             raise UserError(f"no validation measurements under {folder} (run `make validate` on a GPU)")
+        campaigns = (Path(db or default_root()) / key / "campaigns").is_dir()
+        if not campaigns:  # a calibration case is one whose exact calls the database measured: here none is
+            rows = [{**r, "split": "holdout"} if r["split"] == "calibration" else r for r in rows]
         with _Status(f"assembling {len(rows)} validation cases (traces each new one: minutes)"):
             study = Study(eng, rows)
         host = eng.host
@@ -912,7 +915,7 @@ def report(
                                       fitted=fitted, validation_dir=f"{folder.as_posix().rstrip('/')}/",
                                       database_dir=_shown_path(Path(db or default_root()) / key),
                                       has_calibration=not eng.calibration_source.startswith("default"),
-                                      campaigns=(Path(db or default_root()) / key / "campaigns").is_dir()))
+                                      campaigns=campaigns))
         out_json.write_text(json.dumps(
             {"summary": summ, "host_model": dataclasses.asdict(host),
              "cases": [{**dataclasses.asdict(c), "ape": c.ape} for c in study.cases]}, indent=1, default=str))

@@ -544,6 +544,8 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
          "zero_grad; GradScaler under amp_fp16) timed with CUDA events over iterations after warm-up.", "",
          "Host model: " + per_op + rest
          + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items() if k not in ("fwd_us", "bwd_us", "opt_us")),
+         *([] if campaigns else ["", "This database holds no campaign of any case's operator calls (the generic grid "
+                                 "alone): every run is held out, those the reference GPU calibrates on included."]),
          "", "## Summary", "",
          "`all` is every one-GPU case. `distributed` are runs over several GPUs (see the section below).", "",
          "| split | cases | MAPE | max APE | static-TF32 baseline | static-BF16 baseline | memory MAPE | fits/OOM right |",

@@ -754,6 +754,8 @@ def test_a_gpu_whose_hosts_were_never_probed_fits_no_host_constants(tmp_path: Pa
     text = out.read_text()
     assert "no host of this GPU was probed" in text and "fitted on the calibration split" not in text
     assert "per_tensor_us=1, per_iteration_us=300" in text and "(H200)" not in text
+    # nothing of its calls measured on this GPU: every run is held out, the reference GPU's calibration cases too
+    assert "every run is held out" in text and "| holdout | 2 |" in text and "| calibration | 2 |" not in text
 
 
 def test_a_cached_read_of_the_wrong_shape_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
