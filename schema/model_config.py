@@ -935,11 +935,30 @@ def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
         raise ConfigError("a model config must be a JSON object")
     if cfg.get("model_type") in ("llama4", "mistral3", "gemma4"):
         cfg, _ = _unwrapped(cfg)
+    elif isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg and cfg.get("model_type") != "gemma3":
+        _refuse_wrapper(cfg, name)
     family, model_type = identify(cfg)
     _check_unmodelled_keys(cfg, family)
     if family == ArchFamily.GPT2:
         return _parse_gpt2(cfg, name, family, model_type)
     return _parse_decoder(cfg, name, family, model_type)
+
+
+def _refuse_wrapper(cfg: dict[str, Any], name: str) -> None:
+    """A multimodal wrapper the parser does not read (Qwen3.5, Gemma-3n, ...): refused with its language model's own
+    reason, or with how to predict that model alone; its LM head's tying and what the wrapper adds are its own, so
+    the text config is not taken silently."""
+    text = cfg["text_config"]
+    mt, inner = cfg.get("model_type") or "this wrapper", text.get("model_type")
+    if not isinstance(inner, str) or not inner:
+        raise ConfigError(f"{mt}: a multimodal wrapper whose text_config names no model_type; give the language "
+                          "model's own config")
+    try:
+        parse_config(text, name)
+    except ConfigError as e:
+        raise ConfigError(f"{mt}: its language model ({inner}): {e}") from None
+    raise ConfigError(f"{mt} is a multimodal wrapper the parser does not read: to predict its language model alone, "
+                      f"give its text_config (model_type {inner!r}) as the config")
 
 
 def _check_unmodelled_keys(cfg: dict[str, Any], family: ArchFamily) -> None:

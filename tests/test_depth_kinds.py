@@ -369,3 +369,17 @@ def test_a_layer_list_transformers_rewrites_is_refused() -> None:
     sliding = {**GEMMA4, "layer_types": ["sliding_attention"] * 6, "per_layer_config": None}
     with pytest.raises(ConfigError, match="not as layer_types reads"):
         check_layer_kinds(parse_config(sliding))
+
+
+def test_a_wrapper_the_parser_does_not_read_is_refused_for_its_language_models_reason() -> None:
+    """A multimodal wrapper (Qwen3.5, Gemma-3n) was refused as "config is missing hidden_size": it now gives its
+    language model's own refusal, or says to predict that model from its text_config."""
+    inner = {k: v for k, v in GEMMA4.items() if k != "model_type"}
+    with pytest.raises(ConfigError, match=r"gemma3n: its language model \(gemma3n_text\): num_kv_shared_layers"):
+        parse_config({"model_type": "gemma3n", "text_config": {**inner, "model_type": "gemma3n_text",
+                                                                "num_kv_shared_layers": 2}})
+    with pytest.raises(ConfigError, match=r"give its text_config \(model_type .qwen3_5_text.\) as the config"):
+        parse_config({"model_type": "qwen3_5", "text_config": {**_SMALL, "model_type": "qwen3_5_text",
+                                                                "num_hidden_layers": 2}})
+    with pytest.raises(ConfigError, match="names no model_type"):
+        parse_config({"model_type": "qwen3_5", "text_config": dict(_SMALL)})
