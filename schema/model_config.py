@@ -1021,8 +1021,36 @@ def parameter_count(model: dict[str, Any]) -> int | None:
     return embed + layers * (attn + mlp + norms) + final_norm + head
 
 
-def _no_constant(name: str) -> Any:
-    raise ConfigError(f"{name} is not a JSON number (NaN and Infinity are refused)")
+# Keys transformers' own to_dict() writes Infinity into, and which no prediction reads (Mamba-2 and the hybrid models
+# built on it clamp their time step to [0, inf)): kept, so such a config gets its real refusal (its layer kinds)
+NON_FINITE_KEYS = frozenset({"time_step_limit"})
+
+
+def _non_finite_paths(obj: Any, path: str = "") -> list[str]:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return [path]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in _non_finite_paths(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in _non_finite_paths(v, f"{path}[{i}]")]
+    return []
+
+
+def _json_constants(text: str, **kw: Any) -> Any:
+    """JSON with NaN/Infinity refused except under NON_FINITE_KEYS (at any depth: a wrapper's text_config too); the
+    tree is walked only when the text holds such a constant."""
+    seen: list[str] = []
+
+    def constant(name: str) -> float:
+        seen.append(name)
+        return float(name)
+
+    obj = json.loads(text, parse_constant=constant, **kw)
+    for p in _non_finite_paths(obj) if seen else []:
+        key = p.split(".")[-1].split("[")[0]
+        if key not in NON_FINITE_KEYS:
+            raise ConfigError(f"{p}: NaN and Infinity are not JSON numbers (refused)")
+    return obj
 
 
 def load_model_file(path: str | Path) -> dict[str, Any]:
@@ -1050,9 +1078,9 @@ def load_model_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read model file {path}: {first_line(e)}"
                           ) from None
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = _json_constants(text)
         if isinstance(obj, dict) and not str(obj.get("format", "")).startswith("tp-query-graph"):
-            json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)  # a config: keys once
+            _json_constants(text, object_pairs_hook=_unique_keys)  # a config: keys once
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:  # the C parser's own depth guard
@@ -1080,7 +1108,7 @@ def plain_model(obj: dict[str, Any], where: str = "the model dict") -> dict[str,
         raise TypeError(f"a {type(o).__name__} is no JSON value")
 
     try:
-        text = json.dumps(obj, allow_nan=False, default=plain)
+        text = json.dumps(obj, default=plain)  # NaN and Infinity as the file reader takes them (NON_FINITE_KEYS)
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply") from None
     except (TypeError, ValueError) as e:
@@ -1090,7 +1118,7 @@ def plain_model(obj: dict[str, Any], where: str = "the model dict") -> dict[str,
         raise ConfigError(f"{where}: larger than {MAX_GRAPH_BYTES >> 20} MiB as JSON, not a model")
     try:
         hook = None if str(obj.get("format", "")).startswith("tp-query-graph") else _unique_keys
-        out = json.loads(text, object_pairs_hook=hook)
+        out = _json_constants(text, object_pairs_hook=hook)
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply") from None
     except ValueError as e:

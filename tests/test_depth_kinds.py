@@ -6,6 +6,7 @@ layer's parameters from its own kind's."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -383,3 +384,21 @@ def test_a_wrapper_the_parser_does_not_read_is_refused_for_its_language_models_r
                                                                 "num_hidden_layers": 2}})
     with pytest.raises(ConfigError, match="names no model_type"):
         parse_config({"model_type": "qwen3_5", "text_config": dict(_SMALL)})
+
+
+def test_infinity_is_read_only_where_transformers_writes_it(tmp_path: Path) -> None:
+    """Mamba-2's hybrids (Granite-4.0-H, Falcon-H1, Bamba) as transformers saves them carry time_step_limit
+    [0.0, Infinity]: they were refused for it, before their layer kinds were read. Infinity is read under that key
+    only; anywhere else NaN and Infinity are refused, naming the key."""
+    from tp_query.schema.model_config import load_model_file, plain_model
+
+    ok = tmp_path / "hybrid.json"
+    ok.write_text(json.dumps({**GLM, "time_step_limit": [0.0, 1.0]}).replace("1.0]", "Infinity]"))
+    assert load_model_file(ok)["time_step_limit"] == [0.0, float("inf")]
+    assert plain_model({**GLM, "time_step_limit": [0.0, float("inf")]})["time_step_limit"][1] == float("inf")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**GLM, "text_config": {"rope_theta": 1.0}}).replace("1.0}", "NaN}"))
+    with pytest.raises(ConfigError, match=r"text_config\.rope_theta: NaN and Infinity are not JSON numbers"):
+        load_model_file(bad)
+    with pytest.raises(ConfigError, match="rope_theta: NaN and Infinity"):
+        plain_model({**GLM, "rope_theta": float("inf")})
