@@ -670,6 +670,15 @@ def with_depth_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**cfg, **{k: v for k, v in d.items() if cfg.get(k) in (None, [])}}
 
 
+def _refuse_mixed_depth(cfg: dict[str, Any]) -> None:
+    for k in _MIXED_DEPTH_KEYS:
+        v = cfg.get(k)
+        trivial = v is None or v == [] or v == 0 or (k == "moe_layer_freq" and v == 1)
+        if not trivial:
+            raise ConfigError(f"{k}: layers that differ along the depth this way are not modelled; for this model use "
+                              f"`tp-query trace`")
+
+
 def depth_kinds(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[bool, ...]]:
     """Each layer's MLP kind ("dense" / "sparse", or the config's own `mlp_layer_types` words) and whether it
     applies RoPE, by the rules transformers 5.17's model types read: `mlp_layer_types`; `first_k_dense_replace`
@@ -677,12 +686,7 @@ def depth_kinds(cfg: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[boo
     Llama-4's `no_rope_layers` (1: RoPE) / `no_rope_layer_interval`; Llama-4's `moe_layers` /
     `interleave_moe_layer_step`. Empty where every layer is alike; a key this does not model is refused."""
     cfg = with_depth_defaults(cfg)
-    for k in _MIXED_DEPTH_KEYS:
-        v = cfg.get(k)
-        trivial = v is None or v == [] or v == 0 or (k == "moe_layer_freq" and v == 1)
-        if not trivial:
-            raise ConfigError(f"{k}: layers that differ along the depth this way are not modelled; for this model use "
-                              f"`tp-query trace`")
+    _refuse_mixed_depth(cfg)
     mlp: list[str] = []
     given = cfg.get("mlp_layer_types")
     if given is not None:
@@ -965,6 +969,7 @@ def _check_unmodelled_keys(cfg: dict[str, Any], family: ArchFamily) -> None:
     """Keys transformers honours that change what runs, refused where the prediction would not honour them."""
     inner = cfg.get("text_config")
     text: dict[str, Any] = inner if isinstance(inner, dict) else {}
+    _refuse_mixed_depth(cfg)  # (before sizes: Nemotron-H's depth is its block list's length, no num_hidden_layers)
     for d in (cfg, text):
         for key in ("attn_implementation", "_attn_implementation"):
             impl = d.get(key)

@@ -402,3 +402,7 @@ def test_infinity_is_read_only_where_transformers_writes_it(tmp_path: Path) -> N
         load_model_file(bad)
     with pytest.raises(ConfigError, match="rope_theta: NaN and Infinity"):
         plain_model({**GLM, "rope_theta": float("inf")})
+    # Nemotron-H states its depth only as its block list: refused for the list, not for a missing layer count
+    nemotron = {k: v for k, v in {**_SMALL, "model_type": "nemotron_h"}.items()}
+    with pytest.raises(ConfigError, match="layers_block_type: layers that differ along the depth"):
+        parse_config({**nemotron, "layers_block_type": ["mamba", "moe", "attention", "mlp"]})
