@@ -29,6 +29,14 @@ def answer(mt: str) -> list:
     for k in ("layer_types", "mlp_layer_types", "no_rope_layers"):
         if isinstance(cfg.get(k), list):
             cfg[k] = cfg[k][:2]
+    if isinstance(cfg.get("per_layer_config"), dict):  # per-layer overrides of the layers kept (Gemma-4)
+        cfg["per_layer_config"] = {k: v for k, v in cfg["per_layer_config"].items() if int(k) < 2}
+    if isinstance(cfg.get("layer_types"), list):  # the kinds transformers builds for the cut (Gemma-4: last full)
+        try:
+            built = transformers.AutoConfig.for_model(mt, **{k: v for k, v in cfg.items() if k != "model_type"})
+            cfg["layer_types"] = list(built.layer_types)
+        except Exception:  # refused below, in the engine's words
+            pass
     try:
         return ["ok", round(predict(cfg, precision="amp_bf16", seq_len=512).iteration_ms, 2)]
     except (ConfigError, PredictError, PlanError, ValueError) as e:
