@@ -221,7 +221,7 @@ def test_api_config_dicts_read_as_their_json_would(cpu_db: Path) -> None:
     deep: list[object] = []
     for _ in range(100_000):
         deep = [deep]
-    for cfg, msg in (({**TINY_LLAMA, "x": float("nan")}, "Out of range"), (cyclic, "Circular"),
+    for cfg, msg in (({**TINY_LLAMA, "x": float("nan")}, "x: NaN and Infinity"), (cyclic, "Circular"),
                      ({**TINY_LLAMA, "x": 10**5000}, "thousands of digits"), ({**TINY_LLAMA, "x": deep}, "deeply"),
                      ({**TINY_LLAMA, "x": object()}, "no JSON value")):
         with pytest.raises(TpQueryError, match=msg):
