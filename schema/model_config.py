@@ -866,9 +866,10 @@ def _unwrapped(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 # multimodal wrappers read as their language model: the text model type ("" for text_config's own) and the class
 WRAPPER_ARCHITECTURES = ("Llama4ForConditionalGeneration", "Mistral3ForConditionalGeneration",
-                         "Gemma4ForConditionalGeneration")
+                         "Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration")
 _TIED_WRAPPERS = {"gemma3": ("gemma3_text", "Gemma3ForConditionalGeneration"),
                   "gemma4": ("gemma4_text", "Gemma4ForConditionalGeneration"),
+                  "gemma4_unified": ("gemma4_unified_text", "Gemma4UnifiedForConditionalGeneration"),
                   "mistral3": ("", "Mistral3ForConditionalGeneration")}
 
 
@@ -937,7 +938,7 @@ def config_notes(cfg: Any) -> list[str]:
 def parse_config(cfg: Any, name: str = "model") -> ModelSpec:
     if not isinstance(cfg, dict):
         raise ConfigError("a model config must be a JSON object")
-    if cfg.get("model_type") in ("llama4", "mistral3", "gemma4"):
+    if cfg.get("model_type") in ("llama4", "mistral3", "gemma4", "gemma4_unified"):
         cfg, _ = _unwrapped(cfg)
     elif isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg and cfg.get("model_type") != "gemma3":
         _refuse_wrapper(cfg, name)

@@ -309,6 +309,9 @@ def test_per_layer_overrides_are_read_by_attention_type() -> None:
                "text_config": {k: v for k, v in GEMMA4.items() if k != "model_type"}}
     spec = parse_config(wrapped)
     assert spec.model_type == "gemma4_text" and spec.layer_types == tuple(GEMMA4["layer_types"])
+    unified = {**wrapped, "model_type": "gemma4_unified", "architectures": ["Gemma4UnifiedForConditionalGeneration"]}
+    assert parse_config(unified).model_type == "gemma4_unified_text"
+    assert not parse_config({**wrapped, "tie_word_embeddings": False}).tie_word_embeddings  # the wrapper's flag
 
 
 def test_gemma4s_cut_keeps_each_layers_overrides_and_its_per_layer_embeddings() -> None:
