@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
@@ -745,7 +746,7 @@ def per_layer_overrides_by_type(cfg: dict[str, Any], layer_types: Sequence[str])
     if not isinstance(plc, dict) or not all(isinstance(v, dict) for v in plc.values()):
         raise ConfigError("per_layer_config must map layer indices to objects of overrides")
     by_type: dict[str, dict[str, Any]] = {}
-    counted: dict[str, int] = {}
+    counted: Counter[str] = Counter()
     for k, ov in plc.items():
         try:
             i = int(k)
@@ -757,10 +758,11 @@ def per_layer_overrides_by_type(cfg: dict[str, Any], layer_types: Sequence[str])
         if by_type.setdefault(t, ov) != ov:
             raise ConfigError(f"per_layer_config gives {t} layers different overrides: layers that differ along "
                               "the depth this way are not modelled")
-        counted[t] = counted.get(t, 0) + 1
+        counted[t] += 1
+    of_type = Counter(layer_types)
     for t, c in counted.items():
-        if c != list(layer_types).count(t):
-            raise ConfigError(f"per_layer_config overrides {c} of the {list(layer_types).count(t)} {t} layers: "
+        if c != of_type[t]:
+            raise ConfigError(f"per_layer_config overrides {c} of the {of_type[t]} {t} layers: "
                               "layers that differ along the depth this way are not modelled")
     return by_type
 

@@ -164,16 +164,13 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     """transformers' config of the module one rank runs (layers as `spec.num_layers` / layer_types)."""
     quiet_imports()
     cfg = json.loads(spec.hf_config)
-    by_type = _overrides_by_type(cfg)
+    _cut_per_layer_config(cfg, spec)
     cfg["num_hidden_layers"] = spec.num_layers
     if spec.layer_types:
         cfg["layer_types"] = list(spec.layer_types)
     elif isinstance(cfg.get("layer_types"), list):  # every layer full (as transformers >= 4.53 saves the list)
         cfg["layer_types"] = ["full_attention"] * spec.num_layers
     _write_depth_kinds(cfg, spec)
-    if by_type:
-        cfg["per_layer_config"] = {i: dict(by_type[t]) for i in range(spec.num_layers)
-                                   if (t := spec.layer_type(i)) in by_type}
     if "head_dim" not in cfg and spec.family not in (ArchFamily.GPT_NEOX, ArchFamily.TRANSFORMERS):
         cfg["head_dim"] = spec.head_dim
     if shard.tp > 1:
@@ -270,17 +267,20 @@ def depth_sized_inputs(spec: ModelSpec) -> bool:
     return bool(getattr(_config_object(json.loads(spec.hf_config)), "hidden_size_per_layer_input", 0) or 0)
 
 
-def _overrides_by_type(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The whole model's per-layer overrides by attention type (the parser refused any other pattern), read before
-    the config is cut to a trace's layers. A null per_layer_config is dropped: Gemma-4's class derives the list
-    (from global_head_dim, num_global_key_value_heads) only where the key is absent."""
+def _cut_per_layer_config(cfg: dict[str, Any], spec: ModelSpec) -> None:
+    """The whole model's per-layer overrides (one per attention type: the parser refused any other pattern),
+    rewritten for the layers `spec` keeps, each its own copy (a TP split divides them in place). Called while `cfg`
+    still describes the whole model. A null per_layer_config is dropped: Gemma-4's class derives the list (from
+    global_head_dim, num_global_key_value_heads) only where the key is absent."""
     if "per_layer_config" in cfg and cfg["per_layer_config"] is None:
         del cfg["per_layer_config"]
     if not cfg.get("per_layer_config"):
-        return {}
+        return
     n = int(cfg.get("num_hidden_layers") or 0)
     types = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else ["full_attention"] * n
-    return per_layer_overrides_by_type(cfg, types)
+    by_type = per_layer_overrides_by_type(cfg, types)
+    cfg["per_layer_config"] = {i: dict(by_type[t]) for i in range(spec.num_layers)
+                               if (t := spec.layer_type(i)) in by_type}
 
 
 def _config_object(cfg: dict[str, Any]) -> Any:
@@ -310,10 +310,8 @@ def check_layer_kinds(spec: ModelSpec) -> None:
     if spec.family != ArchFamily.TRANSFORMERS:
         return
     cfg = json.loads(spec.hf_config)
-    by_type = _overrides_by_type(cfg)
+    _cut_per_layer_config(cfg, spec)  # (by the spec's layer types: the parser's reading, checked below)
     cfg["num_hidden_layers"] = spec.num_layers
-    if by_type:  # (the spec's layer types: what the parser read, checked against transformers' own below)
-        cfg["per_layer_config"] = {i: by_type[t] for i in range(spec.num_layers) if (t := spec.layer_type(i)) in by_type}
     given = list(cfg["layer_types"]) if isinstance(cfg.get("layer_types"), list) else None  # (a class may edit it)
     obj = _config_object(cfg)
     # chunked attention (Llama-4) is SDPA with a mask, as sliding windows are; other kinds (recurrent, linear or
