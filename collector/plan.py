@@ -25,6 +25,7 @@ from tp_query.schema.ops import (
 )
 from tp_query.schema.precision import Precision
 from tp_query.schema.signature import OpCall, call_key
+from tp_query.schema.tables import GRID_CAMPAIGN
 
 SKIP_FAMILIES = (Family.VIEW, Family.HOST)
 
@@ -65,7 +66,7 @@ GRID_ORDER = (Precision.BF16, Precision.FP32, Precision.FP16, Precision.TF32)
 def routed_points(precisions: Iterable[Precision] = GRID_ORDER) -> list[Point]:
     """The expert-shaped batched GEMMs of the grid with the zero rows a top-1 router leaves in them (dense experts:
     schema.ops.routed_expert_calls), each beside its random-operand point."""
-    return _dedupe([make_point(c, p == Precision.TF32, "grid", ops) for p in precisions
+    return _dedupe([make_point(c, p == Precision.TF32, GRID_CAMPAIGN, ops) for p in precisions
                     for c, ops in routed_expert_calls(p)])
 
 
@@ -77,7 +78,7 @@ def grid_points(precisions: Iterable[Precision] = GRID_ORDER, kinds: set[str] | 
     for kind, p, call in grid_calls(precisions):
         if kinds and kind.name not in kinds:
             continue
-        by.setdefault((kind.name, p), []).append(make_point(call, p == Precision.TF32, "grid"))
+        by.setdefault((kind.name, p), []).append(make_point(call, p == Precision.TF32, GRID_CAMPAIGN))
     out: list[Point] = []
     for (_, _), pts in by.items():
         if tiny:

@@ -878,7 +878,7 @@ def report(
         rows = load_rows(folder, eng.gpu.name)
         if not rows:
             raise UserError(f"no validation measurements under {folder} (run `make validate` on a GPU)")
-        campaigns = (Path(db or default_root()) / key / "campaigns").is_dir()
+        campaigns = eng.db.has_campaigns()
         if not campaigns:  # a calibration case is one whose exact calls the database measured: here none is
             rows = [{**r, "split": "holdout"} if r["split"] == "calibration" else r for r in rows]
         with _Status(f"assembling {len(rows)} validation cases (traces each new one: minutes)"):

@@ -252,6 +252,9 @@ class DbSnapshot:
     def info(self) -> Any:
         return self.database.info()
 
+    def has_campaigns(self) -> bool:
+        return self.database.has_campaigns()  # type: ignore[no-any-return]
+
 
 def _well_formed(name: str, value: Any) -> bool:
     """A cached read of the shape its reader returns (the exact table a dict of [cold, warm] pairs, every other a

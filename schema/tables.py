@@ -19,6 +19,10 @@ SCHEMA_VERSION = 1
 COLLECTOR_VERSION = "0.2.0"  # 0.2.0: factories replayed on the device
 METADATA_KEY = b"tp_query"
 
+# The generic sweep's campaign name (`make collect --grid`); every other campaign measures exact calls of traced
+# models (signature files), which make their cases calibration shapes
+GRID_CAMPAIGN = "grid"
+
 
 @dataclass(frozen=True)
 class Provenance:
