@@ -156,8 +156,11 @@ class Assembled(StepSchedule):
             self.warnings.append("FSDP2's parameter and gradient copies are not measured in this database: priced "
                                  "at peak HBM bandwidth (measured by `python -m tp_query.collector dist-probe --what copies`)")
         if par.framework == Framework.MEGATRON:
-            self.warnings.append("Megatron-Core's gradient clipping is modelled as not taken; a step whose gradient "
-                                 "norm exceeds --clip-grad also scales every gradient (one more pass over them)")
+            self.warnings.append("Megatron-Core's gradient clipping is modelled as not taken (its norm is priced); a "
+                                 "step whose gradient norm exceeds --clip-grad also scales every fp32 main gradient "
+                                 f"(`dst.copy_(src * coeff)` per tensor without apex): +{self._megatron_clip_ms(host):.1f}"
+                                 " ms on the slowest stage when taken, as in a randomly initialised model's first "
+                                 "steps")
             if self.g.meta.model.get("num_experts"):
                 self.warnings.append(_megatron_router_note(self.req.model))
         recipe = SETTINGS[self.req.setting].fp8_recipe
@@ -213,6 +216,30 @@ class Assembled(StepSchedule):
             ops=self._op_rows(op_rows) if self.with_ops else [], **flops,
             sections=self._section_rows(crit, per_stage[crit]),
         )
+
+    def _megatron_clip_ms(self, host: HostModel) -> float:
+        """What a taken clip adds (ms): Megatron-Core's `clip_grad_by_total_norm_fp32` without apex scales every fp32
+        main gradient of the rank through `local_multi_tensor_scale`, a multiply and a copy per tensor (profiled on
+        H200: 101 copies and 66 multiplies of a Mixtral-shaped step); the distributed optimizer scales its shard.
+        The largest stage's, from the database, each call blended between warm and cold as the step's are."""
+        from tp_query.schema.signature import OpCall
+
+        from .compose import make_item
+        from .lookup import Query
+
+        par = self.par
+        shards = par.dp if par.zero >= 1 else 1
+        best = 0.0
+        for st in self.stages:
+            items = []
+            for p in st.params:
+                n = -(-p.numel // shards)
+                grad = TensorSpec((n,), DType.FP32)
+                for call in (OpCall("aten.mul.Tensor", (grad, 0.5)), OpCall("aten.copy_.default", (grad, grad))):
+                    items.append(make_item(call.op, call.to_json_str(), Phase.OPT, False, call))
+            est = self.eng.latency.estimate([Query(it.key, it.call.op, it.info) for it in items])
+            best = max(best, sum(est[it.key].blend(host.beta) for it in items))
+        return best / 1e3
 
     def _unmeasured_framework(self, breakdown: dict[str, float]) -> list[str]:
         """What this database's framework tables leave unpriced for this split, said (and refused under --strict):

@@ -610,3 +610,20 @@ def test_peak_parts_total_is_the_sum_of_its_parts() -> None:
     names = [f.name for f in fields(PeakParts) if f.name != "phase"]
     p = PeakParts(phase=PeakPhase.OPTIMIZER_STEP, **{n: 1 << i for i, n in enumerate(names)})
     assert p.total() == sum(p.parts().values()) == (1 << len(names)) - 1
+
+
+def test_megatron_clip_cost_is_stated_and_scales_with_the_gradients_scaled(eng: Engine) -> None:
+    """A taken clip scales every fp32 main gradient of the rank (a multiply and a copy per tensor): the warning
+    prices it from the database, and the distributed optimizer scales its shard only (about half at DP 2)."""
+    pytest.importorskip("torch")
+    import re
+
+    def clip_ms(**kw: Any) -> float:
+        p = eng.predict(req(setting=Setting.MP_BF16, framework="megatron", **kw))
+        (w,) = [w for w in p.warnings if "gradient clipping" in w]
+        return float(re.search(r"\+([0-9.]+) ms", w).group(1))  # type: ignore[union-attr]
+
+    whole, shard = clip_ms(dp=2), clip_ms(dp=2, zero=1)
+    assert whole > 0 and 0.4 * whole <= shard <= 0.75 * whole
+    torch_p = eng.predict(req(setting=Setting.BF16))
+    assert not any("gradient clipping" in w for w in torch_p.warnings)
