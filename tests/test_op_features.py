@@ -208,3 +208,22 @@ def test_gather_output_shapes_are_atens(case: str) -> None:
     call = OpCall(op, tuple([ts(a) for a in v] if isinstance(v, list) else ts(v) if isinstance(v, torch.Tensor)
                             else v for v in args))
     assert gather_output_shape(call) == want
+
+
+def test_contended_accumulating_index_put_is_a_category_of_its_own() -> None:
+    """Hundreds of routed rows added onto each of 32 experts serialise on their atomics: such a call must not blend
+    with spread-out index_puts of as many bytes; a few indices per row, or no accumulation, stay as they were."""
+    from tp_query.schema.ops import describe
+    from tp_query.schema.precision import DType
+    from tp_query.schema.signature import OpCall, TensorSpec
+
+    def pattern(rows: int, idx: int, acc: bool, op: str = "aten._index_put_impl_.default") -> str:
+        call = OpCall(op, (TensorSpec((rows, 2880), DType.BF16), [TensorSpec((idx,), DType.I64)],
+                           TensorSpec((idx, 2880), DType.BF16), acc, True))
+        return str(describe(call, False).features["pattern"])
+
+    assert pattern(32, 16384, True).endswith("/x512") and pattern(32, 24576, True).endswith("/x512")
+    assert pattern(32, 4096, True).endswith("/x128") and pattern(32, 2048, True).endswith("/x64")
+    assert "/x" not in pattern(32, 1024, True) and "/x" not in pattern(8192, 65536, True)
+    assert "/x" not in pattern(32, 16384, False)
+    assert pattern(32, 16384, True, "aten.index_put_.default").endswith("/x512")

@@ -8,6 +8,8 @@
 - eager attention under autocast: half-precision scores plus the fp32 causal mask broadcast over heads (a
   mixed-dtype add producing fp32), which the grid measured only on contiguous operands.
 - the sink column's `sub` (scores minus each row's max, broadcast) and `max.dim` over rows of seq + 1 elements.
+- the experts' bias gradients: an accumulating index_put of every routed row onto 32 experts (hundreds of indices per
+  destination row, whose atomic adds serialise: schema/ops.py `_accumulate_contention`).
 Every call at 1,024, 2,048, 3,072, 6,144 and 8,192 tokens: not at the held-out cases' 4,096, which stay held out
 (their calls interpolate between these). Run on the CPU: `.venv/bin/python tools/arch_gap_sigs.py`."""
 
@@ -19,7 +21,9 @@ from pathlib import Path
 from tp_query.collector.plan import write_signature_file
 from tp_query.collector.validate import DEFAULT_TYPE_CONFIGS, GENERIC_CASES, layers_of, layers_to_keep
 from tp_query.engine.tracecli import signature_entries
+from tp_query.schema.ops import describe
 from tp_query.schema.precision import Setting
+from tp_query.schema.signature import OpCall
 
 ROOT = Path(__file__).resolve().parent.parent
 SEQS = [1024, 2048, 3072, 6144, 8192]
@@ -34,7 +38,8 @@ for op, sig, tf32 in signature_entries([gemma4], HALF, SEQS, [1], [1], None):
     if "attention" in op and '512]' in sig:  # the head-size-512 layer's calls
         entries.append((op, sig, tf32))
 for op, sig, tf32 in signature_entries([oss], [*HALF, Setting.TF32], SEQS, [1], [1], None):
-    if op.startswith("aten._grouped_mm"):
+    if op.startswith("aten._grouped_mm") or "/x" in str(describe(OpCall.from_json_str(op, sig), tf32).features.get(
+            "pattern", "")):
         entries.append((op, sig, tf32))
         continue
     seq = re.search(r"\[1, ?64, ?(\d+), ?(\d+)\]", sig)
