@@ -1,7 +1,7 @@
 """Calls of two held-out architectures that the grid covered only by extrapolation or by a far blend
 (data/h200/campaigns/arch-gaps.jsonl), found by comparing gpt-oss-20B's profiled step with the engine's operator rows
 (docs/validation-notes.md section 41):
-- Gemma-4's full-attention layers (head size 512, 8 heads): SDPA runs memory-efficient attention there (cuDNN and
+- Gemma-4's attention: its full layers (head size 512, 8 heads) run memory-efficient attention (cuDNN and
   flash stop at 256), and the half-precision grid stopped at head size 192.
 - gpt-oss's routed experts: `_grouped_mm` over 32 experts at hidden and FFN 2880 (gate-up 5760), between the grid's
   N/K points of 2048 and 4096; torch runs the fp32 ones as one `mm` per expert.
@@ -35,7 +35,7 @@ oss = layers_of(GENERIC_CASES["gpt-oss-20b"][0], 2)  # one sliding and one full-
 
 entries: list[tuple[str, str, bool]] = []
 for op, sig, tf32 in signature_entries([gemma4], HALF, SEQS, [1], [1], None):
-    if "attention" in op and '512]' in sig:  # the head-size-512 layer's calls
+    if "attention" in op:  # its sliding (head size 256) and full (512) layers' attention
         entries.append((op, sig, tf32))
 for op, sig, tf32 in signature_entries([oss], [*HALF, Setting.TF32], SEQS, [1], [1], None):
     if op.startswith("aten._grouped_mm") or "/x" in str(describe(OpCall.from_json_str(op, sig), tf32).features.get(
