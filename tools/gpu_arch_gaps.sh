@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call on an H200: held-out iterations of four model types never run before, predicted before they ran
-# (data/experiments/new-types-s44/predicted.json); the calls of Gemma-4 and gpt-oss of the Gemma-4 case in bf16 and amp_bf16
-# (data/validation/profiles/, to attribute its gap); then the calls of Gemma-4 and gpt-oss the grid covered only by
-# extrapolation or a far blend (data/h200/campaigns/arch-gaps.jsonl, resumable; tools/arch_gap_sigs.py writes it).
-# One tarball back.
+# (data/experiments/new-types-s44/predicted.json); the calls of Gemma-4 and gpt-oss the grid covered only by
+# extrapolation or a far blend (data/h200/campaigns/arch-gaps.jsonl, resumable; tools/arch_gap_sigs.py writes it);
+# then per-operator profiles of the Gemma-4 case in bf16 and amp_bf16 (data/validation/profiles/, to attribute its
+# gap). One tarball back.
 set -u
 source tools/gpu_common.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
