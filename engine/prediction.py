@@ -20,14 +20,14 @@ from tp_query.schema.model_config import (
     with_depth_defaults,
 )
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
-from tp_query.schema.signature import TensorSpec
+from tp_query.schema.signature import OpCall, TensorSpec
 
-from .compose import StageWork
+from .compose import StageWork, make_item
 from .flops import graph_parameter_count, megatron_model_flops, parameter_count
 from .framework import Framework, PipeSchedule, in_flight_microbatches
 from .graph import Graph, Phase, Section
 from .hostsim import HostModel
-from .lookup import Source
+from .lookup import Query, Source
 from .memory import MemoryBreakdown, stage_memory
 from .parallel import MEGATRON_MOE_ARGS, MEGATRON_MOE_AUX_LOSS_COEFF, ParallelConfig, PlanError
 from .request import OpRow, PredictError, Prediction
@@ -222,11 +222,6 @@ class Assembled(StepSchedule):
         main gradient of the rank through `local_multi_tensor_scale`, a multiply and a copy per tensor (profiled on
         H200: 101 copies and 66 multiplies of a Mixtral-shaped step); the distributed optimizer scales its shard.
         The largest stage's, from the database, each call blended between warm and cold as the step's are."""
-        from tp_query.schema.signature import OpCall
-
-        from .compose import make_item
-        from .lookup import Query
-
         par = self.par
         shards = par.dp if par.zero >= 1 else 1
         best = 0.0
