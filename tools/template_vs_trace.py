@@ -42,7 +42,7 @@ def child(mode: str, gpu: str, out: str) -> None:
         if asm is None:
             res[c.case_id] = {"error": c.error}
             continue
-        keyed = graphcache.graph_fields_key(asm.req) in served if hasattr(asm, "req") else None
+        keyed = graphcache.graph_fields_key(asm.req) in served
         res[c.case_id] = {"ms": study._time(asm, c, eng.host), "peak": asm.plan_numbers()[2].peak_bytes,
                           "template": keyed}
     with open(out, "w") as f:
