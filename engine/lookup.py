@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from tp_query.schema.gpus import GpuSpec
-from tp_query.schema.ops import FAMILIES, FEATURE_COLUMNS, CallInfo, Family, FamilySpec
+from tp_query.schema.ops import FAMILIES, FEATURE_COLUMNS, CallInfo, Family, FamilySpec, Operands
 
 FLOOR_US = 2.0  # no kernel runs faster than this; keeps the roofline meaningful for tiny ops
 LAUNCH_BOUND_US = 4 * FLOOR_US  # a call whose roofline passes this moves enough bytes for bandwidth to tell
@@ -327,6 +327,15 @@ class LatencyModel:
         for fam in FAMILIES:
             if fam not in (Family.VIEW, Family.HOST) and fam not in self._families:
                 self._families[fam] = _FamilyPoints(self.db, fam, self.gpu)
+
+    def measures_operands(self, operands: Operands) -> bool:
+        """Whether this database timed any GEMM on `operands` data (NaN, a router's zero rows): a step whose GEMMs
+        run on such data is otherwise priced from the random-data points of its shapes."""
+        fam = self._families.get(Family.GEMM)
+        if fam is None:
+            fam = self._families[Family.GEMM] = _FamilyPoints(self.db, Family.GEMM, self.gpu)
+        suffix = f":{operands.value}"
+        return any(isinstance(x, str) and x.endswith(suffix) for key in fam.strict for x in key[4:])
 
     def _resolve(self, q: Query) -> Estimate:
         if q.info.family in (Family.VIEW, Family.HOST):

@@ -19,6 +19,7 @@ from tp_query.schema.model_config import (
     with_class_defaults,
     with_depth_defaults,
 )
+from tp_query.schema.ops import Operands, step_operands
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
 from tp_query.schema.signature import OpCall, TensorSpec
 
@@ -163,6 +164,12 @@ class Assembled(StepSchedule):
                                  "steps")
             if self.g.meta.model.get("num_experts"):
                 self.warnings.append(_megatron_router_note(self.req.model))
+        if step_operands(self.req.setting.value, self.req.optimizer) == Operands.NAN and \
+                not self.eng.latency.measures_operands(Operands.NAN):
+            self.warnings.append(f"{self.req.setting.value} with {self.req.optimizer}: every GEMM runs on NaN from "
+                                 "the second step (Adam's eps underflows in fp16), and this database has no GEMM "
+                                 "timed on NaN (`collect --operands nan`): they are priced on random data, which "
+                                 "ran 6-9% slower on an H200")
         recipe = SETTINGS[self.req.setting].fp8_recipe
         if recipe:
             self.warnings.append(f"{self.req.setting.value}: torchao float8 training ({recipe} scaling) in eager mode on "

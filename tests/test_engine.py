@@ -13,6 +13,7 @@ import pytest
 from tp_query.engine.db import Database, DatabaseError
 from tp_query.engine.parallel import ParallelConfig, PlanError
 from tp_query.engine.predict import Engine, PredictError, PredictRequest
+from tp_query.schema.ops import Operands
 from tp_query.schema.precision import Setting
 
 from .conftest import TINY_LLAMA
@@ -627,3 +628,17 @@ def test_megatron_clip_cost_is_stated_and_scales_with_the_gradients_scaled(eng: 
     assert whole > 0 and 0.4 * whole <= shard <= 0.75 * whole
     torch_p = eng.predict(req(setting=Setting.BF16))
     assert not any("gradient clipping" in w for w in torch_p.warnings)
+
+
+def test_pure_fp16_says_when_no_gemm_was_timed_on_nan(eng: Engine) -> None:
+    """Pure fp16 with Adam runs its GEMMs on NaN from the second step: a database without NaN-operand points says
+    that it prices them on random data; one with them, another setting or a non-Adam optimizer says nothing."""
+    pytest.importorskip("torch")
+
+    def said(e: Engine, **kw: Any) -> bool:
+        return any("timed on NaN" in w for w in e.predict(req(**kw)).warnings)
+
+    assert not eng.latency.measures_operands(Operands.NAN)  # the synthetic database: random data only
+    assert said(eng, setting=Setting.FP16)
+    assert not said(eng, setting=Setting.BF16) and not said(eng, setting=Setting.FP16, optimizer="sgd")
+    assert Engine("h200").latency.measures_operands(Operands.NAN)  # the shipped one measured the NaN grid
