@@ -738,10 +738,11 @@ def test_a_report_says_what_it_read_and_whether_it_fitted(tmp_path: Path) -> Non
     assert json.loads(out.with_suffix(".json").read_text())["cases"]
 
 
-def test_a_gpu_whose_hosts_were_never_probed_fits_no_host_constants(tmp_path: Path) -> None:
-    """The H100 database has no host probe: its four GPU-bound calibration runs had driven every host constant to
+def test_a_gpu_without_a_probed_calibration_run_fits_no_host_constants(tmp_path: Path) -> None:
+    """The H100's calibration runs were measured on hosts whose per-operator host costs were not probed (its one
+    probe came later, on another instance): fitted to them, its four GPU-bound runs had driven every host constant to
     zero (per_tensor_us 3e-15) and held-out GPT-2 from -13% to -20%. Nothing is fitted; the report says so, writes
-    no calibration file, and names the defaults it used."""
+    no calibration file, and names what it used: the probe's per-operator costs and the engine's defaults."""
     val = tmp_path / "val"
     val.mkdir()
     for src in sorted((ROOT / "data" / "validation" / "h100").glob("validation-*.parquet"))[:2]:
@@ -752,7 +753,8 @@ def test_a_gpu_whose_hosts_were_never_probed_fits_no_host_constants(tmp_path: Pa
     assert "no calibration run was measured on a host whose per-operator host costs are measured" in r.stderr
     assert not cal.exists()
     text = out.read_text()
-    assert "no host of this GPU was probed" in text and "fitted on the calibration split" not in text
+    assert "data/h100/framework/, not fitted" in text and "the engine's fixed defaults" in text
+    assert "fitted on the calibration split" not in text
     assert "per_tensor_us=1, per_iteration_us=300" in text and "(H200)" not in text
     # nothing of its calls measured on this GPU: every run is held out, the reference GPU's calibration cases too
     assert "every run is held out" in text and "| holdout | 2 |" in text and "| calibration | 2 |" not in text
