@@ -267,6 +267,7 @@ class LatencyModel:
         self._cache: dict[str, Estimate] = {}
         self._exact: dict[str, tuple[float, float | None]] | None = None
         self._families: dict[Family, _FamilyPoints] = {}
+        self._operands_measured: dict[Operands, bool] = {}
         # estimates are a pure function of the database and the call: an earlier process's answers for this
         # database's fingerprint are reused (a database snapshot keeps them beside its tables)
         self._memo: dict[str, list[Any]] = {}
@@ -331,11 +332,15 @@ class LatencyModel:
     def measures_operands(self, operands: Operands) -> bool:
         """Whether this database timed any GEMM on `operands` data (NaN, a router's zero rows): a step whose GEMMs
         run on such data is otherwise priced from the random-data points of its shapes."""
-        fam = self._families.get(Family.GEMM)
-        if fam is None:
-            fam = self._families[Family.GEMM] = _FamilyPoints(self.db, Family.GEMM, self.gpu)
-        suffix = f":{operands.value}"
-        return any(isinstance(x, str) and x.endswith(suffix) for key in fam.strict for x in key[4:])
+        hit = self._operands_measured.get(operands)
+        if hit is None:  # once per model: its points do not change
+            fam = self._families.get(Family.GEMM)
+            if fam is None:
+                fam = self._families[Family.GEMM] = _FamilyPoints(self.db, Family.GEMM, self.gpu)
+            suffix = f":{operands.value}"
+            hit = self._operands_measured[operands] = any(isinstance(x, str) and x.endswith(suffix)
+                                                          for key in fam.strict for x in key[4:])
+        return hit
 
     def _resolve(self, q: Query) -> Estimate:
         if q.info.family in (Family.VIEW, Family.HOST):

@@ -6,7 +6,7 @@ schedule -> prediction."""
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, replace
 from typing import Any, cast
 
@@ -233,14 +233,15 @@ class Assembled(StepSchedule):
         shards = par.dp if par.zero >= 1 else 1
         best = 0.0
         for st in self.stages:
+            # the calls of each distinct gradient size once, times how many gradients have it (a layer's copies alike)
+            sizes = Counter(-(-p.numel // shards) for p in st.params)
             items = []
-            for p in st.params:
-                n = -(-p.numel // shards)
+            for n in sizes:
                 grad = TensorSpec((n,), DType.FP32)
                 for call in (OpCall("aten.mul.Tensor", (grad, 0.5)), OpCall("aten.copy_.default", (grad, grad))):
-                    items.append(make_item(call.op, call.to_json_str(), Phase.OPT, False, call))
-            est = self.eng.latency.estimate([Query(it.key, it.call.op, it.info) for it in items])
-            best = max(best, sum(est[it.key].blend(host.beta) for it in items))
+                    items.append((n, make_item(call.op, call.to_json_str(), Phase.OPT, False, call)))
+            est = self.eng.latency.estimate([Query(it.key, it.call.op, it.info) for _, it in items])
+            best = max(best, sum(sizes[n] * est[it.key].blend(host.beta) for n, it in items))
         return best / 1e3
 
     def _unmeasured_framework(self, breakdown: dict[str, float]) -> list[str]:
