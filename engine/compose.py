@@ -180,6 +180,8 @@ class Composer:
         self._opt_calls_parsed: list[OpCall] | None = None
         self._partial: tuple[Any, ...] | None = None  # (op, calls per norm, dtype) of SP's Partial reductions
         self._blocks: dict[int, str] = {}  # traced optimizer call -> the per-parameter block it starts, if any
+        # (traced optimizer call, argument) -> the traced parameters its per-parameter list holds, in list order
+        self._list_maps: dict[tuple[int, int], tuple[int, ...]] | None = None
         self.traced_params = list(graph.params)
         # each model layer's traced template (one per layer kind) and each template's parameters
         self.template_of = layer_template_of(graph.meta) if graph.meta.traced_layers > 0 else []
@@ -273,13 +275,18 @@ class Composer:
         order = [src_index(p) for p in params]
 
         unsharded = all(n <= 1 for n in shards)
+        maps = self._opt_list_maps()
 
-        def remap(v: object) -> object:
-            if isinstance(v, list) and len(v) == n_traced and n_traced > 0:
-                if unsharded or not all(isinstance(x, TensorSpec) for x in v):
-                    return [v[i] for i in order]  # (_shard leaves every tensor as it is at one shard)
-                return [_shard(v[i], shards[j]) for j, i in enumerate(order)]
-            return v
+        def remap(ci: int, ai: int, v: object) -> object:
+            m = maps.get((ci, ai))
+            if m is None or not isinstance(v, list):
+                return v
+            pos = {t: k for k, t in enumerate(m)}
+            # the stage's parameters that this list holds (every one, or one dtype group's trainable ones), in order
+            sel = [(j, pos[i]) for j, i in enumerate(order) if i in pos]
+            if unsharded or not all(isinstance(x, TensorSpec) for x in v):
+                return [v[k] for _, k in sel]  # (_shard leaves every tensor as it is at one shard)
+            return [_shard(v[k], shards[j]) for j, k in sel]
 
         def shard_args(call: OpCall, n: int) -> OpCall:
             if n <= 1:
@@ -308,8 +315,8 @@ class Composer:
                 partial = []
                 i += 1
                 continue
-            if any(isinstance(a, list) and len(a) == n_traced for a in call.args):
-                call = OpCall(call.op, tuple(remap(a) for a in call.args), call.kwargs)
+            if any((i, ai) in maps for ai in range(len(call.args))):
+                call = OpCall(call.op, tuple(remap(i, ai, a) for ai, a in enumerate(call.args)), call.kwargs)
                 items.append(_call_item(call, Phase.OPT, self.allow_tf32))
                 i += 1
                 continue
@@ -325,6 +332,56 @@ class Composer:
                 items.append(make_item(self.opt_records[i].op, self.opt_records[i].sig, Phase.OPT, self.allow_tf32))
                 i += 1
         return items
+
+    def _opt_list_maps(self) -> dict[tuple[int, int], tuple[int, ...]]:
+        """Which traced parameters each per-parameter list of the traced optimizer step holds. torch.optim's
+        foreach step runs once per (device, dtype) group of the parameters that require a gradient: a model with
+        an fp32 router beside bf16 weights (ERNIE-4.5-MoE) or a frozen parameter (its routing bias) has lists
+        shorter than the traced parameters, which must still be rebuilt for every layer of a stage (kept as
+        traced, they priced ERNIE-4.5-MoE's optimizer for its 3 traced layers, not its 4). A list of
+        parameter-shaped tensors is matched in order to the traced parameters of its shapes (its dtype first); a
+        list of step counts or per-parameter scalars takes the group of the nearest such list of its length (the
+        step runs group by group), the preceding one first."""
+        if self._list_maps is not None:
+            return self._list_maps
+        n_traced = len(self.traced_params)
+        maps: dict[tuple[int, int], tuple[int, ...]] = {}
+        unmatched: list[tuple[int, int, int]] = []  # (call, argument, length) of lists without shapes of their own
+        for ci, call in enumerate(self._opt_calls):
+            for ai, a in enumerate(call.args):
+                if not isinstance(a, list) or not a or n_traced == 0:
+                    continue
+                if len(a) == n_traced:
+                    maps[(ci, ai)] = tuple(range(n_traced))  # every parameter
+                    continue
+                m = self._match_params(a) if all(isinstance(x, TensorSpec) and x.shape for x in a) else None
+                if m is not None:
+                    maps[(ci, ai)] = m
+                elif len(a) < n_traced:
+                    unmatched.append((ci, ai, len(a)))
+        shaped = sorted(maps.items())
+        for ci, ai, n in unmatched:
+            before = [m for (c, _), m in shaped if c <= ci and len(m) == n]
+            after = [m for (c, _), m in shaped if c > ci and len(m) == n]
+            if before or after:
+                maps[(ci, ai)] = before[-1] if before else after[0]
+        self._list_maps = maps
+        return maps
+
+    def _match_params(self, lst: list[Any]) -> tuple[int, ...] | None:
+        """The traced parameters a list of parameter-shaped tensors stands for: the first in order whose shapes
+        (and dtypes, where they match) follow the list's; None when they do not."""
+        for same_dtype in (True, False):
+            out: list[int] = []
+            for i, p in enumerate(self.traced_params):
+                if len(out) == len(lst):
+                    break
+                t = lst[len(out)]
+                if tuple(p.shape) == t.shape and (not same_dtype or p.dtype == str(t.dtype)):
+                    out.append(i)
+            if len(out) == len(lst):
+                return tuple(out)
+        return None
 
     @property
     def _opt_calls(self) -> list[OpCall]:

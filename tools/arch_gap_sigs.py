@@ -8,6 +8,9 @@
 - eager attention under autocast: half-precision scores plus the fp32 causal mask broadcast over heads (a
   mixed-dtype add producing fp32), which the grid measured only on contiguous operands.
 - the sink column's `sub` (scores minus each row's max, broadcast) and `max.dim` over rows of seq + 1 elements.
+- AFMoE's attention: memory-efficient attention under its sliding-window mask (every setting), extrapolated beyond the
+  grid; once ERNIE-4.5-MoE's and AFMoE's optimizer lists were rebuilt for every layer (notes section 42), AFMoE was
+  over-predicted by 2-9%, its largest item this extrapolated attention backward.
 - the experts' bias gradients: an accumulating index_put of every routed row onto 32 experts (hundreds of indices per
   destination row, whose atomic adds serialise: schema/ops.py `_accumulate_contention`).
 Every call at 1,024, 2,048, 3,072, 6,144 and 8,192 tokens: not at the held-out cases' 4,096, which stay held out
@@ -32,10 +35,15 @@ HALF = [Setting.BF16, Setting.FP16, Setting.AMP_BF16, Setting.AMP_FP16]
 gemma4 = json.loads(DEFAULT_TYPE_CONFIGS.read_text())["gemma4_text"]
 gemma4 = layers_of(gemma4, layers_to_keep(gemma4))
 oss = layers_of(GENERIC_CASES["gpt-oss-20b"][0], 2)  # one sliding and one full-attention layer
+afmoe = json.loads(DEFAULT_TYPE_CONFIGS.read_text())["afmoe"]
+afmoe = layers_of(afmoe, layers_to_keep(afmoe))
 
 entries: list[tuple[str, str, bool]] = []
 for op, sig, tf32 in signature_entries([gemma4], HALF, SEQS, [1], [1], None):
     if "attention" in op:  # its sliding (head size 256) and full (512) layers' attention
+        entries.append((op, sig, tf32))
+for op, sig, tf32 in signature_entries([afmoe], [*HALF, Setting.TF32], SEQS, [1], [1], None):
+    if "attention" in op:  # its sliding and full layers' attention, masked
         entries.append((op, sig, tf32))
 for op, sig, tf32 in signature_entries([oss], [*HALF, Setting.TF32], SEQS, [1], [1], None):
     if op.startswith("aten._grouped_mm") or "/x" in str(describe(OpCall.from_json_str(op, sig), tf32).features.get(

@@ -3,6 +3,7 @@
 figures of the notes' per-kind and per-family comparisons come from here; `make report` gives all.
 Usage: `.venv/bin/python tools/compare_cases.py fp8_ megatron- torch-pp`"""
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,8 +12,9 @@ from tp_query.engine.validation import Study, load_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 patterns = sys.argv[1:] or [""]
-rows = [r for r in load_rows(ROOT / "data" / "validation") if any(p in r["case_id"] for p in patterns)]
-eng = Engine("h200", str(ROOT / "data"))
+GPU = os.environ.get("GPU", "h200")
+rows = [r for r in load_rows(ROOT / "data" / "validation" / ("" if GPU == "h200" else GPU)) if any(p in r["case_id"] for p in patterns)]
+eng = Engine(GPU, str(ROOT / "data"))
 study = Study(eng, rows, with_baselines=False)
 study.finalize(eng.host)
 times, mems = [], []
