@@ -12,6 +12,8 @@ from typing import Any, cast
 
 import numpy as np
 from tp_query.schema.model_config import (
+    GATED_DELTA_NOTE,
+    LINEAR_ATTENTION,
     VALIDATED_MODEL_TYPES,
     ArchFamily,
     config_notes,
@@ -190,6 +192,8 @@ class Assembled(StepSchedule):
                     if mt in VALIDATED_MODEL_TYPES else "a model type without a validation run here")
             self.warnings.append(f"{mt}: transformers' own module as the config builds it, {runs} (its operators are "
                                  f"priced from the database like any other; MFU is not computed)")
+            if LINEAR_ATTENTION in (model.get("layer_types") or []):
+                self.warnings.append(GATED_DELTA_NOTE)
             if self.par.tp > 1:
                 self.warnings.append(f"{mt} under TP={self.par.tp}: the rank's module is built from the divided config "
                                      "(checked to be Megatron's column/row split) with DTensor's collectives and host "

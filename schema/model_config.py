@@ -173,6 +173,9 @@ class ModelSpec:
             if n and n % tp:
                 hint = " (pad vocab_size to a multiple of TP, as Megatron-LM does)" if what == "vocab size" else ""
                 return f"TP={tp} does not divide the {what} ({n}){hint}"
+        if LINEAR_ATTENTION in self.layer_types:
+            return (f"TP>1 with {self.model_type}'s linear-attention layers is not modelled (how their heads, "
+                    "convolution and recurrent state split over ranks is not traced; DP, ZeRO/FSDP and PP are fine)")
         if self.family == ArchFamily.GPT_NEOX:
             return ("TP>1 is not modelled for GPT-NeoX (its attention derives the head size from hidden_size / "
                     "heads, so a per-rank module cannot be built from a divided config)")
@@ -645,6 +648,15 @@ _MIXED_DEPTH_KEYS = ("moe_layer_freq", "hybrid_override_pattern",
 MLP_DEPTH_KEYS = ("mlp_layer_types", "first_k_dense_replace", "num_dense_layers", "mlp_only_layers", "decoder_sparse_step", "moe_layers",
                   "interleave_moe_layer_step", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval")
 ROPE_DEPTH_KEYS = ("no_rope_layers", "no_rope_layer_interval")
+
+
+LINEAR_ATTENTION = "linear_attention"
+
+# What a prediction with gated-delta-rule layers says of them (the capture adds it to the graph's warnings)
+GATED_DELTA_NOTE = ("linear-attention layers (the gated delta rule) are priced as transformers' torch fallback runs "
+                    "them, chunk by chunk (flash-linear-attention and causal-conv1d not installed, as on the measured "
+                    "machines); with those packages their fused kernels run instead, which is not modelled; no run "
+                    "with this layer kind was measured")
 
 
 def _int_list(name: str, v: Any, n: int) -> list[int]:

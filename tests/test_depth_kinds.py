@@ -449,3 +449,48 @@ def test_optimizer_lists_of_dtype_groups_and_frozen_parameters_cover_every_layer
     sharded, = Composer(cut, allow_tf32=False).stages(ParallelConfig(dp=4, zero=2, global_batch=4))
     assert {k[0]: [n for n, _ in k[1]] for k in lists([it.call for it in sharded.opt])} == \
         {k[0]: [n for n, _ in k[1]] for k in truth}
+
+
+QWEN3_NEXT = {**_SMALL, "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 4,
+              "layer_types": ["linear_attention"] * 3 + ["full_attention"], "num_experts": 8, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "linear_num_key_heads": 2,
+              "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+              "linear_conv_kernel_dim": 4, "pad_token_id": 0}
+
+
+def test_gated_delta_rule_layers_trace_as_transformers_torch_fallback(cpu_db: Path) -> None:
+    """Qwen3-Next's linear-attention layers (the gated delta rule) run transformers' torch fallback where
+    flash-linear-attention is not installed: a trace follows it chunk by chunk (more chunks, more operators), the
+    prediction says what it priced, TP is refused in one line, and Mamba's recurrent layers stay refused."""
+    import importlib.util
+
+    from tp_query.engine.graph import Section
+    from tp_query.engine.parallel import ParallelConfig
+    from tp_query.engine.predict import Engine, PredictError, PredictRequest
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.schema.model_config import GATED_DELTA_NOTE
+    from tp_query.schema.precision import Setting
+
+    if importlib.util.find_spec("fla") is not None:
+        pytest.skip("flash-linear-attention is installed: transformers runs its kernels, which are not modelled")
+    spec = parse_config(QWEN3_NEXT)
+    assert spec.layer_types[0] == "linear_attention"
+
+    def linear_ops(seq: int) -> int:
+        g = trace_config(TraceRequest(spec, Setting.BF16, 1, seq))
+        return sum(o.section == Section.LAYER and o.layer == 1 for o in g.ops)  # the linear layer's template
+
+    assert linear_ops(256) > linear_ops(128)  # 64-token chunks: the fallback loops over them
+    eng = Engine("cpu", str(cpu_db))
+    p = eng.predict(PredictRequest(model=QWEN3_NEXT, model_name="qwen3-next", gpu="cpu", setting=Setting.BF16,
+                                   parallel=ParallelConfig(), seq_len=128))
+    assert p.iteration_ms > 0 and GATED_DELTA_NOTE in p.warnings
+    with pytest.raises(PredictError, match="linear-attention"):
+        eng.predict(PredictRequest(model=QWEN3_NEXT, model_name="qwen3-next", gpu="cpu", setting=Setting.BF16,
+                                   parallel=ParallelConfig(tp=2), seq_len=128))
+    jamba = {**_SMALL, "architectures": ["JambaForCausalLM"], "model_type": "jamba", "num_hidden_layers": 2,
+             "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+             "num_experts": 2, "pad_token_id": 0}
+    with pytest.raises((PredictError, ConfigError), match="not modelled"):
+        eng.predict(PredictRequest(model=jamba, model_name="jamba", gpu="cpu", setting=Setting.BF16,
+                                   parallel=ParallelConfig(), seq_len=128))

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import (
+    LINEAR_ATTENTION,
     ROPE_DEPTH_KEYS,
     ArchFamily,
     Builder,
@@ -304,6 +305,27 @@ def attention_implementation(cfg: Any) -> str:
     return "sdpa" if cls is None or getattr(cls, "_supports_sdpa", True) else "eager"
 
 
+@functools.cache
+def gated_delta_fallback(model_type: str) -> bool:
+    """Whether a model type's linear-attention layers are the gated delta rule (Qwen3-Next, Qwen3.5, OLMo-Hybrid) and
+    run transformers' torch fallback here: the module defines `torch_chunk_gated_delta_rule` and the fast path's
+    packages are absent, so its layers are plain aten operators a trace follows (chunk by chunk, every chunk a
+    fixed count of operators). Other recurrent or linear layers (Mamba's scans, MiniMax's lightning attention) are
+    not."""
+    import importlib
+    import importlib.util
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    try:
+        mod = importlib.import_module(f"transformers.models.{model_type_to_module_name(model_type)}.modeling_"
+                                      f"{model_type_to_module_name(model_type)}")
+    except Exception:  # not a transformers model type with its own modeling module
+        return False
+    # (transformers wraps the torch function: flash-linear-attention's kernel replaces it where `fla` imports)
+    return hasattr(mod, "torch_chunk_gated_delta_rule") and importlib.util.find_spec("fla") is None
+
+
 def check_layer_kinds(spec: ModelSpec) -> None:
     """A model type known only to transformers decides itself which layers slide when its config has no
     layer_types: what the spec assumed (every layer, where a window is given) must be what transformers builds."""
@@ -325,7 +347,8 @@ def check_layer_kinds(spec: ModelSpec) -> None:
     own_types = built if "layer_types" not in cfg else None
     listed = [*spec.layer_types, *(own_types if isinstance(own_types, list | tuple) else ())]
     other = [k for k in dict.fromkeys(map(str, listed))
-             if k not in ("full_attention", "sliding_attention", "chunked_attention")]
+             if k not in ("full_attention", "sliding_attention", "chunked_attention")
+             and not (k == LINEAR_ATTENTION and gated_delta_fallback(spec.model_type))]
     if other:
         raise ConfigError(f"{spec.model_type}: layers of kind {', '.join(other)} (recurrent, linear or hybrid "
                           "attention: their kernels and state are not profiled here) are not modelled")
