@@ -16,7 +16,7 @@ import json
 import math
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -82,6 +82,7 @@ MODEL_TYPES: dict[str, tuple[ArchFamily, str]] = {v[1]: v for v in ARCHITECTURES
 REFUSED: dict[str, str] = {}
 
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
+LINEAR_ATTENTION = "linear_attention"  # the gated delta rule where transformers runs its torch fallback
 
 
 def layer_kinds_of(n: int, layer_types: Any, mlp_layer_types: Any, rope_layers: Any) -> list[str]:
@@ -455,6 +456,29 @@ def _transformers_layer_types(cfg: dict[str, Any], model_type: str, n: int) -> t
     return tuple(own[:n])
 
 
+def _every_interval_full(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
+    """Qwen3-Next's and Qwen3.5's config classes: every `full_attention_interval`-th layer (default 4) full attention,
+    the others linear."""
+    every = _pos_int("full_attention_interval", cfg.get("full_attention_interval", 4))
+    return tuple(LINEAR_ATTENTION if (i + 1) % every else FULL for i in range(n))
+
+
+def _olmo_hybrid_layers(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
+    """OLMo-Hybrid's config class: every fourth layer full attention, the last one where none is."""
+    lt = [FULL if i % 4 == 3 else LINEAR_ATTENTION for i in range(n)]
+    if FULL not in lt and lt:
+        lt[-1] = FULL
+    return tuple(lt)
+
+
+# The model types whose config class derives linear-attention layers when the config lists none (transformers
+# 5.17's configuration files; the trace checks the reading against the class itself)
+LINEAR_PATTERNS: dict[str, Callable[[dict[str, Any], int], tuple[str, ...]]] = {
+    "qwen3_next": _every_interval_full, "qwen3_5_text": _every_interval_full,
+    "qwen3_5_moe_text": _every_interval_full, "olmo_hybrid": _olmo_hybrid_layers,
+}
+
+
 class WindowRule(StrEnum):
     """How a model type's transformers 5.17 modules decide which layers attend within the window (read from their
     modeling files): never (Llama and GPT-NeoX read no window key), every layer while a window is set (Mistral,
@@ -496,6 +520,8 @@ def _layer_types(cfg: dict[str, Any], family: ArchFamily, model_type: str, n: in
         # which layers a window applies to is the model type's own rule in transformers (Cohere2's every 4th layer
         # full, from its class's sliding_window_pattern); the trace checks the reading against it
         lt = _transformers_layer_types(cfg, model_type, n) or (SLIDING,) * n
+    elif generic and model_type in LINEAR_PATTERNS and not isinstance(cfg.get("layer_types"), list):
+        lt = LINEAR_PATTERNS[model_type](cfg, n)
     elif window is None:
         lt = (FULL,) * n
     elif family == ArchFamily.GEMMA2:
@@ -650,7 +676,6 @@ MLP_DEPTH_KEYS = ("mlp_layer_types", "first_k_dense_replace", "num_dense_layers"
 ROPE_DEPTH_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 
 
-LINEAR_ATTENTION = "linear_attention"
 
 # What a prediction with gated-delta-rule layers says of them (the capture adds it to the graph's warnings)
 GATED_DELTA_NOTE = ("linear-attention layers (the gated delta rule) are priced as transformers' torch fallback runs "

@@ -413,15 +413,26 @@ def test_mistral3_wrapper_reads_its_language_model() -> None:
 
 
 def test_layers_transformers_derives_are_refused_for_what_they_are() -> None:
-    """Qwen3-Next derives linear-attention layers itself: the refusal says so (it asked for a layer_types list,
-    and a config with one was then refused for the layer kind); multi-token-prediction layers are named."""
-    from tp_query.engine.trace.hf_models import check_layer_kinds
+    """Qwen3-Next derives its linear-attention layers itself (every fourth full): the parser reads them as its config
+    class does, and transformers builds them so. Jamba derives recurrent (Mamba) layers: the refusal says so (it had
+    asked for a layer_types list, and a config with one was then refused for the layer kind); multi-token-prediction
+    layers are named."""
+    from tp_query.engine.trace.hf_models import check_layer_kinds, gated_delta_fallback
 
     cfg = {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 256,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4, "intermediate_size": 512,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 8, "intermediate_size": 512,
            "vocab_size": 1000, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
            "shared_expert_intermediate_size": 64}
-    with pytest.raises(ConfigError, match="layers of kind linear_attention"):
+    assert parse_config(cfg).layer_types == (("linear_attention",) * 3 + ("full_attention",)) * 2
+    assert parse_config({**cfg, "full_attention_interval": 2}).layer_types == \
+        ("linear_attention", "full_attention") * 4
+    if gated_delta_fallback("qwen3_next"):
         check_layer_kinds(parse_config(cfg))
+    jamba = {"model_type": "jamba", "architectures": ["JambaForCausalLM"], "hidden_size": 256,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 512,
+             "vocab_size": 1000, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+             "expert_layer_offset": 1, "num_experts": 2, "pad_token_id": 0}
+    with pytest.raises(ConfigError, match="layers of kind"):
+        check_layer_kinds(parse_config(jamba))
     notes = config_notes({"model_type": "deepseek_v3", "num_hidden_layers": 4, "num_nextn_predict_layers": 1})
     assert any("multi-token-prediction" in n for n in notes)
