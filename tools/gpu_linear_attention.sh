@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# One device call on an H200: held-out iterations of the four gated-delta-rule model types (Qwen3-Next, Qwen3.5 dense
-# and MoE, OLMo-Hybrid; default configs cut to 4 layers: three linear-attention layers and a full one), as
-# transformers runs them without flash-linear-attention, predicted before they ran
-# (data/experiments/linear-attention-s45/predicted.json); Qwen3-Next's fp32-parameter settings are left out (134 GiB
-# predicted: at the edge of the card). Then a per-operator profile of Qwen3.5's bf16 step. One tarball back.
+# One device call on an H200 or an H100: held-out iterations of the four gated-delta-rule model types (Qwen3-Next,
+# Qwen3.5 dense and MoE, OLMo-Hybrid; default configs cut to 4 layers: three linear-attention layers and a full one),
+# as transformers runs them without flash-linear-attention, predicted before they ran
+# (data/experiments/linear-attention-s45/predicted.json for the H200, predicted-h100.json for the H100). Settings whose
+# predicted peak does not fit the card are left out (Qwen3-Next's fp32-parameter settings: 134 GiB; on the H100 also
+# Qwen3.5-MoE's: 82 GiB). Then, on an H200, a per-operator profile of Qwen3.5's bf16 step. One tarball back.
 set -u
 source tools/gpu_common.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
-case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in *H200*) ;; *) echo "not an H200"; exit 3 ;; esac
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+  *H200*) GPU=h200 ;; *H100*) GPU=h100 ;; *) echo "neither an H200 nor an H100"; exit 3 ;;
+esac
 python3 -c "import importlib.util as u; print('fla:', u.find_spec('fla'), 'causal_conv1d:', u.find_spec('causal_conv1d'))"
 S="mb1-s4096"
 ONLY="qwen3_5_text-default-L4-$S-bf16,olmo_hybrid-default-L4-$S-bf16,qwen3_5_moe_text-default-L4-$S-bf16"
 ONLY="$ONLY,qwen3_next-default-L4-$S-bf16,qwen3_5_text-default-L4-$S-amp_bf16,olmo_hybrid-default-L4-$S-amp_bf16"
-ONLY="$ONLY,qwen3_5_moe_text-default-L4-$S-amp_bf16,qwen3_5_text-default-L4-$S-tf32,olmo_hybrid-default-L4-$S-tf32"
-ONLY="$ONLY,qwen3_5_moe_text-default-L4-$S-tf32,qwen3_5_text-default-L4-$S-amp_fp16,olmo_hybrid-default-L4-$S-amp_fp16"
-ONLY="$ONLY,qwen3_5_moe_text-default-L4-$S-amp_fp16"
-timeout ${VALIDATE_S:-360} python3 -m tp_query.collector validate --gpu h200 --only "$ONLY" \
+ONLY="$ONLY,qwen3_5_text-default-L4-$S-tf32,olmo_hybrid-default-L4-$S-tf32"
+ONLY="$ONLY,qwen3_5_text-default-L4-$S-amp_fp16,olmo_hybrid-default-L4-$S-amp_fp16"
+[ "$GPU" = h200 ] && ONLY="$ONLY,qwen3_5_moe_text-default-L4-$S-amp_bf16,qwen3_5_moe_text-default-L4-$S-tf32"
+[ "$GPU" = h200 ] && ONLY="$ONLY,qwen3_5_moe_text-default-L4-$S-amp_fp16"
+timeout ${VALIDATE_S:-360} python3 -m tp_query.collector validate --gpu $GPU --only "$ONLY" \
   --budget-s $(( ${VALIDATE_S:-360} - 15 )) 2>&1 | tail -20
-timeout ${PROFILE_S:-90} python3 tools/hf_op_profile.py data/validation/profiles \
-  qwen3_5_text-default-L4-$S-bf16 2>&1 | grep -v Warning | tail -4
+if [ "$GPU" = h200 ]; then
+  timeout ${PROFILE_S:-90} python3 tools/hf_op_profile.py data/validation/profiles \
+    qwen3_5_text-default-L4-$S-bf16 2>&1 | grep -v Warning | tail -4
+fi
 ship linear-attention

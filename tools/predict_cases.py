@@ -1,7 +1,7 @@
 """Predictions of validation cases before they run, as a JSON file to commit ahead of the device call: one-GPU
 cases (collector.validate, PP stage cases included) and distributed ones (collector.dist_validate, 2 GPUs), each
 through the report's own Study with the typical host (no instance's probe), keyed by case id.
-Usage: `.venv/bin/python tools/predict_cases.py OUT.json <case-id substrings, comma-separated> [--dist]`
+Usage: `.venv/bin/python tools/predict_cases.py OUT.json <case-id substrings, comma-separated> [--dist] [--gpu h100]`
 (data/experiments/depth-kinds-h200/*predicted*.json were written this way)."""
 
 import json
@@ -38,7 +38,8 @@ def main() -> None:
     out, patterns = sys.argv[1], sys.argv[2].split(",")
     rows = [{**r, "status": "ok", "iteration_ms": 1.0, "peak_allocated_bytes": 0, "machine": "typical-host"}
             for r in rows_for(patterns, "--dist" in sys.argv)]
-    eng = Engine("h200")
+    gpu = sys.argv[sys.argv.index("--gpu") + 1] if "--gpu" in sys.argv else "h200"
+    eng = Engine(gpu)
     study = Study(eng, rows, with_baselines=False)
     study.finalize(eng.host)
     res = {c.case_id: {"iteration_ms": c.predicted_ms, "peak_memory_gib": c.predicted_peak_gib, "error": c.error}
