@@ -368,6 +368,16 @@ class Composer:
         self._list_maps = maps
         return maps
 
+    def trainable_dtypes(self) -> set[str]:
+        """The dtypes of the parameters the traced optimizer step updates (empty where it has no per-parameter
+        lists to tell them by): more than one is a model that keeps some weights in another dtype (ERNIE-4.5-MoE's
+        fp32 routers in a bf16 model)."""
+        n_traced = len(self.traced_params)
+        held = {i for m in self._opt_list_maps().values() if len(m) < n_traced for i in m}
+        if any(len(m) == n_traced for m in self._opt_list_maps().values()):
+            held = set(range(n_traced))
+        return {self.traced_params[i].dtype for i in held}
+
     def _match_params(self, lst: list[Any]) -> tuple[int, ...] | None:
         """The traced parameters a list of parameter-shaped tensors stands for: the first in order whose shapes
         (and dtypes, where they match) follow the list's; None when they do not."""

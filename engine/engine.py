@@ -248,6 +248,12 @@ class Engine:
         if with_ops and id(g) in self._precosted:
             g = self.graph(req, full=True)
         comp = self.composer(g)
+        if par.framework == "torch" and par.zero >= 2 and par.dp > 1 and len(dtypes := comp.trainable_dtypes()) > 1:
+            # FSDPParamGroup._init_mp_dtypes: "FSDP expects uniform original parameter dtype" per fully_shard unit
+            raise PredictError(f"FSDP2 (ZeRO-{par.zero}) cannot shard this model as it is: its trainable parameters "
+                               f"are {' and '.join(sorted(dtypes))} (e.g. fp32 routers beside half-precision weights), "
+                               "and fully_shard refuses a unit of mixed dtypes; cast the model to one dtype, shard "
+                               "those modules apart, or use DDP or Megatron-Core")
         try:
             stages = comp.stages(par)
         except PlanError as e:

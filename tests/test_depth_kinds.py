@@ -494,3 +494,24 @@ def test_gated_delta_rule_layers_trace_as_transformers_torch_fallback(cpu_db: Pa
     with pytest.raises((PredictError, ConfigError), match="not modelled"):
         eng.predict(PredictRequest(model=jamba, model_name="jamba", gpu="cpu", setting=Setting.BF16,
                                    parallel=ParallelConfig(), seq_len=128))
+
+
+def test_fsdp2_refuses_a_model_whose_trainable_parameters_mix_dtypes(cpu_db: Path) -> None:
+    """fully_shard raises on a unit whose trainable parameters have different dtypes ("FSDP expects uniform original
+    parameter dtype"): ERNIE-4.5-MoE in pure bf16 keeps fp32 routers, so FSDP2 is refused in one line; under autocast
+    every parameter is fp32 and FSDP2 runs, as DDP runs either way (its buckets are per dtype)."""
+    from tp_query.engine.parallel import ParallelConfig
+    from tp_query.engine.predict import Engine, PredictError, PredictRequest
+    from tp_query.schema.precision import Setting
+
+    eng = Engine("cpu", str(cpu_db))
+
+    def predict(setting: Setting, zero: int) -> float:
+        return eng.predict(PredictRequest(model=ERNIE_MOE, model_name="ernie", gpu="cpu", setting=setting,
+                                          parallel=ParallelConfig(dp=2, zero=zero, global_batch=2),
+                                          seq_len=64)).iteration_ms
+
+    for zero in (2, 3):
+        with pytest.raises(PredictError, match=r"FSDP2.*bf16 and fp32"):
+            predict(Setting.BF16, zero)
+    assert predict(Setting.BF16, 0) > 0 and predict(Setting.AMP_BF16, 3) > 0
