@@ -21,7 +21,7 @@ ONLY="$ONLY,qwen3_5_text-default-L4-$S-amp_fp16,olmo_hybrid-default-L4-$S-amp_fp
 [ "$GPU" = h200 ] && ONLY="$ONLY,qwen3_5_moe_text-default-L4-$S-amp_fp16"
 timeout ${VALIDATE_S:-360} python3 -m tp_query.collector validate --gpu $GPU --only "$ONLY" \
   --budget-s $(( ${VALIDATE_S:-360} - 15 )) 2>&1 | tail -20
-if [ "$GPU" = h200 ]; then
+if [ "$GPU" = h200 ] && [ "${PROFILE_S:-90}" -gt 0 ]; then
   timeout ${PROFILE_S:-90} python3 tools/hf_op_profile.py data/validation/profiles \
     qwen3_5_text-default-L4-$S-bf16 2>&1 | grep -v Warning | tail -4
 fi
