@@ -1,4 +1,5 @@
-"""Fuzz the model-file parser: any JSON value is either a ModelSpec or a one-line ConfigError."""
+"""Fuzz the model-file parser: any JSON value is either a ModelSpec or a one-line ConfigError. Derandomized: the same
+examples on every run (a random draw once found a newline in a refusal; tests/test_fuzz_config.py now keeps it)."""
 
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ def _check(obj: object) -> None:
     assert spec.num_heads % spec.num_kv_heads == 0
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None, derandomize=True)
 @given(json_values)
 def test_arbitrary_json(obj: object) -> None:
     _check(obj)
 
 
-@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None, derandomize=True)
 @given(st.sampled_from([TINY_LLAMA, TINY_GPT2]), st.dictionaries(
     st.sampled_from(["hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "vocab_size",
                      "intermediate_size", "head_dim", "n_embd", "n_head", "n_layer", "n_inner", "rope_theta",
@@ -91,3 +92,9 @@ def test_family_configs_mutated() -> None:
             continue
         assert len(spec.layer_types) in (0, spec.num_layers)
         assert spec.experts_per_token <= spec.num_experts or not spec.num_experts
+
+
+def test_a_refusal_quoting_a_value_with_a_newline_stays_one_line() -> None:
+    """The case a random draw found: GPT-2's n_embd and hidden_size name one setting; two values are refused, and
+    a value holding a newline is quoted, not printed raw."""
+    _check({**TINY_GPT2, "hidden_size": "\n"})
