@@ -868,7 +868,10 @@ def with_class_defaults(cfg: dict[str, Any], model_type: str, family: ArchFamily
             if alias in cfg and canon in cfg and cfg[alias] != cfg[canon]:
                 # which one transformers keeps depends on its class's field order (GPT-2 keeps the alias, Qwen3-MoE
                 # the field): a file stating two values is refused, not read one way
-                raise ConfigError(f"{canon} {str(cfg[canon])[:40]!r} and {alias} {str(cfg[alias])[:40]!r} name the same "
+                def shown(v: Any) -> str:  # (one line: a newline in a value is shown escaped)
+                    return str(v)[:40].encode("unicode_escape").decode()
+
+                raise ConfigError(f"{canon} {shown(cfg[canon])} and {alias} {shown(cfg[alias])} name the same "
                                   f"setting of {model_type} with different values: keep one")
             if alias in cfg and canon not in cfg:
                 cfg[canon] = cfg[alias]
