@@ -182,6 +182,7 @@ class Composer:
         self._blocks: dict[int, str] = {}  # traced optimizer call -> the per-parameter block it starts, if any
         # (traced optimizer call, argument) -> the traced parameters its per-parameter list holds, in list order
         self._list_maps: dict[tuple[int, int], tuple[int, ...]] | None = None
+        self._trainable_dtypes: frozenset[str] | None = None
         self.traced_params = list(graph.params)
         # each model layer's traced template (one per layer kind) and each template's parameters
         self.template_of = layer_template_of(graph.meta) if graph.meta.traced_layers > 0 else []
@@ -368,15 +369,16 @@ class Composer:
         self._list_maps = maps
         return maps
 
-    def trainable_dtypes(self) -> set[str]:
+    def trainable_dtypes(self) -> frozenset[str]:
         """The dtypes of the parameters the traced optimizer step updates (empty where it has no per-parameter
         lists to tell them by): more than one is a model that keeps some weights in another dtype (ERNIE-4.5-MoE's
         fp32 routers in a bf16 model)."""
-        n_traced = len(self.traced_params)
-        held = {i for m in self._opt_list_maps().values() if len(m) < n_traced for i in m}
-        if any(len(m) == n_traced for m in self._opt_list_maps().values()):
-            held = set(range(n_traced))
-        return {self.traced_params[i].dtype for i in held}
+        if self._trainable_dtypes is None:  # once per graph: every FSDP2 candidate of a search asks
+            n_traced = len(self.traced_params)
+            maps = self._opt_list_maps().values()
+            held = set(range(n_traced)) if any(len(m) == n_traced for m in maps) else {i for m in maps for i in m}
+            self._trainable_dtypes = frozenset(self.traced_params[i].dtype for i in held)
+        return self._trainable_dtypes
 
     def _match_params(self, lst: list[Any]) -> tuple[int, ...] | None:
         """The traced parameters a list of parameter-shaped tensors stands for: the first in order whose shapes
