@@ -53,7 +53,7 @@ _READERS = (Path(__file__).with_name("db.py"), Path(__file__),
 SHIPPED_MAX_BYTES = 64 << 20  # the shipped one is under 2 MB
 SHIPPED_MAX_UNPACKED = 256 << 20  # the shipped one unpacks to 10 MB
 SHIPPED_NAME = "snapshot.json.gz"  # beside a GPU's manifest: the snapshot built with the database (make snapshot)
-SHIPPED_FORMAT = "tp-query-db-snapshot/2"  # a header line, then the files
+SHIPPED_FORMAT = "tp-query-db-snapshot/3"  # a header line, then one line per file: its name, a tab, its JSON
 
 
 def _cache_root() -> Path:
@@ -94,18 +94,46 @@ def _read_json(path: Path) -> Any:
 def _write_json(path: Path, value: Any) -> None:
     """Write a cache file atomically (a temporary of this process, then a rename); a read-only cache only
     costs the next process the work again."""
+    _write_bytes(path, json.dumps(value, separators=(",", ":"), default=str).encode())
+
+
+def _write_bytes(path: Path, raw: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(value, separators=(",", ":"), default=str))
+        tmp.write_bytes(raw)
         tmp.replace(path)
     except OSError:
         pass
 
 
-def read_shipped(path: Path, fp: str | None) -> dict[str, Any] | None:
-    """A shipped snapshot's reads when it was built from the database of fingerprint `fp` and its payload is
-    the bytes its header hashed; None otherwise (none, damaged, edited or stale: every read derived instead)."""
+def encode_files(files: dict[str, Any]) -> bytes:
+    """A snapshot's payload: one line per file, sorted by name: the name, a tab, its compact JSON (which holds
+    no newline). A reader parses only the files it reads, and caches them as the bytes they are."""
+    lines = []
+    for name in sorted(files):
+        if not name or any(c in name for c in "\t\n"):
+            raise ValueError(f"a snapshot file name must be one line without a tab: {name!r}")
+        lines.append(name.encode() + b"\t" + json.dumps(files[name], separators=(",", ":"), sort_keys=True,
+                                                        default=str).encode())
+    return b"\n".join(lines)
+
+
+def decode_files(body: bytes) -> dict[str, bytes]:
+    """The payload's files by name, each its JSON's bytes (unparsed); ValueError for a malformed payload."""
+    out: dict[str, bytes] = {}
+    for line in body.split(b"\n") if body else []:
+        name, tab, raw = line.partition(b"\t")
+        if not tab or not name or name.decode() in out:
+            raise ValueError("malformed snapshot payload")
+        out[name.decode()] = raw
+    return out
+
+
+def read_shipped(path: Path, fp: str | None) -> dict[str, bytes] | None:
+    """A shipped snapshot's reads (each its JSON's bytes) when it was built from the database of fingerprint
+    `fp` and its payload is the bytes its header hashed; None otherwise (none, damaged, edited or stale: every
+    read derived instead)."""
     try:
         # a regular file, read within bounds: a FIFO waited forever, /dev/zero or a gzip bomb grew to gigabytes
         if not path.is_file() or path.stat().st_size > SHIPPED_MAX_BYTES:
@@ -119,10 +147,9 @@ def read_shipped(path: Path, fp: str | None) -> dict[str, Any] | None:
         if not sep or not isinstance(head, dict) or head.get("format") != SHIPPED_FORMAT or \
                 head.get("fingerprint") != fp or head.get("files_sha256") != hashlib.sha256(body).hexdigest():
             return None
-        files = json.loads(body)
+        return decode_files(body)
     except (OSError, ValueError, EOFError):  # none, or damaged (gzip's CRC)
         return None
-    return files if isinstance(files, dict) else None
 
 
 class DbSnapshot:
@@ -139,7 +166,7 @@ class DbSnapshot:
         self._db: Any = None
         self._dir: Path | None = None
         self.fingerprint: str | None = None  # a local database's (remote ones are read directly)
-        self._shipped: dict[str, Any] | None = None if shipped else {}
+        self._shipped: dict[str, bytes] | None = None if shipped else {}
         cache_root = cache or _cache_root()
         base = Path(self.root) / gpu
         self._base = base
@@ -178,12 +205,20 @@ class DbSnapshot:
         hit = _read_json(path)
         if hit is not None and _well_formed(name, hit):
             return hit
-        shipped = self.shipped_files()
-        value = shipped[name] if name in shipped else read(self.database)
+        raw = self.shipped_files().get(name)
+        if raw is not None:
+            try:
+                value = json.loads(raw)
+            except ValueError:  # (the header hashed these bytes: only a snapshot built wrong)
+                value = None
+            if value is not None and _well_formed(name, value):
+                _write_bytes(path, raw)  # as shipped: not encoded again
+                return value
+        value = read(self.database)
         _write_json(path, value)  # a read-only cache only costs the next process the DuckDB reads
         return value
 
-    def shipped_files(self) -> dict[str, Any]:
+    def shipped_files(self) -> dict[str, bytes]:
         """The reads of the snapshot shipped with the database (data/<gpu>/snapshot.json.gz), when it was built
         from these very files by this very code (its fingerprint is this database's); else nothing, and every
         read is derived from the database. Loaded once, on the first read the cache lacks."""

@@ -20,7 +20,7 @@ from typing import Any
 
 from tp_query.schema.gpus import gpu_spec
 
-from .dbcache import SHIPPED_FORMAT, SHIPPED_NAME, DbSnapshot
+from .dbcache import SHIPPED_FORMAT, SHIPPED_NAME, DbSnapshot, encode_files
 from .lookup import LatencyModel
 
 TABLES = ("comm", "overlap", "framework")  # the optional views the engine reads whole
@@ -40,9 +40,9 @@ def derive(gpu: str, root: Path | str | None = None) -> dict[str, Any]:
 
 
 def encode(snap: dict[str, Any]) -> bytes:
-    """A header line (format, fingerprint, the SHA-256 of the files' bytes) and the files' JSON: a reader checks
-    the payload against the header without serialising it again."""
-    body = json.dumps(snap["files"], separators=(",", ":"), sort_keys=True).encode()
+    """A header line (format, fingerprint, the SHA-256 of the payload's bytes) and the payload, a line per file
+    (`encode_files`): a reader checks it against the header, then parses only the files it reads."""
+    body = encode_files(snap["files"])
     head = {"format": snap["format"], "fingerprint": snap["fingerprint"], "files_sha256": hashlib.sha256(body).hexdigest()}
     # mtime=0: the same database gives the same bytes
     return gzip.compress(json.dumps(head, sort_keys=True).encode() + b"\n" + body, 9, mtime=0)
@@ -73,7 +73,7 @@ def check(gpu: str, root: Path | str | None = None) -> str:
     if files is None:
         return "snapshot stale or unreadable: unused (rebuild with `make snapshot`)"
     fresh = derive(gpu, root)["files"]
-    if json.loads(json.dumps(fresh)) != files:
+    if json.loads(json.dumps(fresh)) != {k: json.loads(v) for k, v in files.items()}:
         raise DatabaseError(f"{path} claims this database's fingerprint but its reads differ from the files' "
                             "(altered): remove it or rebuild it with `make snapshot`")
     return "snapshot equal to the files' reads"

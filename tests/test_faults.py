@@ -615,6 +615,31 @@ def test_sql_parses_on_the_locked_connection_and_names_each_column(shipped_copy:
     assert r.returncode == 0 and r.stdout.split() == ['"i"', "0", "1"], r.stdout
 
 
+def test_a_snapshot_payload_is_one_line_per_file_and_a_malformed_one_is_unused(tmp_path: Path) -> None:
+    """The payload keeps each file's JSON as bytes (parsed only when read, cached as shipped); names that would
+    break its lines are refused when written, and a payload with a line of no name, or a name twice, reads as
+    no snapshot rather than as part of one."""
+    import hashlib
+
+    from tp_query.engine.dbcache import SHIPPED_FORMAT, decode_files, encode_files, read_shipped
+
+    files = {"exact": {"k": [1.5, None]}, "table-comm": [{"a": "x\ty\nz"}]}
+    body = encode_files(files)
+    assert body.count(b"\n") == 1 and {k: json.loads(v) for k, v in decode_files(body).items()} == files
+    with pytest.raises(ValueError, match="without a tab"):
+        encode_files({"a\tb": []})
+    for bad in (body + b"\nexact\t{}", body + b"\nno-tab", b"\t[]"):
+        with pytest.raises(ValueError, match="malformed"):
+            decode_files(bad)
+        head = json.dumps({"format": SHIPPED_FORMAT, "fingerprint": "f", "files_sha256": hashlib.sha256(bad).hexdigest()})
+        (tmp_path / "s.gz").write_bytes(gzip.compress(head.encode() + b"\n" + bad))
+        assert read_shipped(tmp_path / "s.gz", "f") is None
+    head = json.dumps({"format": SHIPPED_FORMAT, "fingerprint": "f", "files_sha256": hashlib.sha256(body).hexdigest()})
+    (tmp_path / "s.gz").write_bytes(gzip.compress(head.encode() + b"\n" + body))
+    assert read_shipped(tmp_path / "s.gz", "f") == decode_files(body)
+    assert read_shipped(tmp_path / "s.gz", "other") is None
+
+
 def test_an_edited_snapshot_is_never_read_and_db_verify_names_it(shipped_copy: Path, tmp_path: Path) -> None:
     """The shipped snapshot answers only when its payload is the bytes its header hashed (an edit that keeps the
     header is ignored: the answer is the files'); one whose header was rewritten to match is caught by `db verify`,
@@ -622,7 +647,7 @@ def test_an_edited_snapshot_is_never_read_and_db_verify_names_it(shipped_copy: P
     import gzip
     import hashlib
 
-    from tp_query.engine.dbcache import SHIPPED_NAME
+    from tp_query.engine.dbcache import SHIPPED_NAME, decode_files, encode_files
 
     root = tmp_path / "db"
     shutil.copytree(shipped_copy / "h200", root / "h200")
@@ -631,9 +656,9 @@ def test_an_edited_snapshot_is_never_read_and_db_verify_names_it(shipped_copy: P
         pytest.skip("no shipped snapshot")
     raw = gzip.decompress(snap.read_bytes())
     head, _, body = raw.partition(b"\n")
-    files = json.loads(body)
+    files = {k: json.loads(v) for k, v in decode_files(body).items()}
     files["exact"] = {k: [x * 3 if isinstance(x, float) else x for x in v] for k, v in files["exact"].items()}
-    edited = json.dumps(files, separators=(",", ":"), sort_keys=True).encode()
+    edited = encode_files(files)
     clean = _cli(["predict", "examples/llama3.1-8b.json", "--tp", "2", "--json"])
     assert clean.returncode == 0, clean.stderr
     want = json.loads(clean.stdout)["iteration_ms"]
