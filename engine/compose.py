@@ -278,16 +278,38 @@ class Composer:
         unsharded = all(n <= 1 for n in shards)
         maps = self._opt_list_maps()
 
+        # per list map: the stage's parameters that its lists hold (every one, or one dtype group's trainable
+        # ones), in order; per list of the same tensors (a step's lists repeat the parameters' specs): the list
+        selected: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        built: dict[tuple[tuple[int, ...], tuple[int, ...]], list[object]] = {}
+
+        sharded: dict[tuple[int, int], TensorSpec] = {}
+
+        def shard(t: TensorSpec, n: int) -> TensorSpec:
+            """_shard, by the spec object's identity (a stage's lists hold a few spec objects many times)."""
+            k = (id(t), n)
+            out = sharded.get(k)
+            if out is None:
+                out = sharded[k] = _shard(t, n)
+            return out
+
         def remap(ci: int, ai: int, v: object) -> object:
             m = maps.get((ci, ai))
             if m is None or not isinstance(v, list):
                 return v
-            pos = {t: k for k, t in enumerate(m)}
-            # the stage's parameters that this list holds (every one, or one dtype group's trainable ones), in order
-            sel = [(j, pos[i]) for j, i in enumerate(order) if i in pos]
-            if unsharded or not all(isinstance(x, TensorSpec) for x in v):
-                return [v[k] for _, k in sel]  # (_shard leaves every tensor as it is at one shard)
-            return [_shard(v[k], shards[j]) for j, k in sel]
+            sel = selected.get(m)
+            if sel is None:
+                pos = {t: k for k, t in enumerate(m)}
+                sel = selected[m] = [(j, pos[i]) for j, i in enumerate(order) if i in pos]
+            key = (m, tuple(map(id, v)))  # (v's tensors are alive while this step is rebuilt)
+            out = built.get(key)
+            if out is None:
+                if unsharded or not all(isinstance(x, TensorSpec) for x in v):
+                    out = [v[k] for _, k in sel]  # (_shard leaves every tensor as it is at one shard)
+                else:
+                    out = [shard(v[k], shards[j]) for j, k in sel]
+                built[key] = out
+            return list(out)
 
         def shard_args(call: OpCall, n: int) -> OpCall:
             if n <= 1:
@@ -399,7 +421,20 @@ class Composer:
     def _opt_calls(self) -> list[OpCall]:
         """The traced optimizer step's calls, parsed once per graph (every stage layout rebuilds from them)."""
         if self._opt_calls_parsed is None:
-            self._opt_calls_parsed = [OpCall.from_json_str(o.op, o.sig) for o in self.opt_records]
+            # each distinct spec one object (the same parameter's spec recurs in the step's lists of params,
+            # grads and states): its cached hash, size and text serve them all, and a rebuild shards it once
+            alike: dict[TensorSpec, TensorSpec] = {}
+
+            def one(v: Any) -> Any:
+                if type(v) is TensorSpec:
+                    return alike.setdefault(v, v)
+                if type(v) is list:
+                    return [one(x) for x in v]
+                return v
+
+            self._opt_calls_parsed = [
+                OpCall(c.op, tuple(one(a) for a in c.args), tuple((k, one(v)) for k, v in c.kwargs), o.sig)
+                for o in self.opt_records for c in (OpCall.from_json_str(o.op, o.sig),)]
         return self._opt_calls_parsed
 
     def _partial_grad_reductions(self, params: list[ParamRecord]) -> list[Item]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -217,15 +218,13 @@ def index_args_of(op: str) -> tuple[IndexArg, ...]:
 # ---------------------------------------------------------------------------------------------
 
 def float_dtypes(call: OpCall) -> list[DType]:
-    return [t.dtype for t in call.device_tensors() if t.dtype.is_float]
+    """The device tensors' floating dtypes, each once, in argument order."""
+    return [d for d in call.device_dtypes() if d.is_float]
 
 
 def dtypes_key(call: OpCall) -> str:
     """Input dtypes in argument order, deduplicated, plus an explicit target dtype if any ("fp32>bf16")."""
-    seen: list[str] = []
-    for t in call.device_tensors():
-        if str(t.dtype) not in seen:
-            seen.append(str(t.dtype))
+    seen = [str(d) for d in call.device_dtypes()]
     target = call.kwarg("dtype")
     out = ",".join(seen) if seen else "-"
     if isinstance(target, Scalar) and target.tag == "dtype":
@@ -976,9 +975,13 @@ def _first_list(c: OpCall) -> list[TensorSpec]:
     return []
 
 
+_NUMEL = operator.attrgetter("numel")
+_NBYTES = operator.attrgetter("nbytes")
+
+
 def _foreach_features(c: OpCall) -> Features:
     lst = _first_list(c)
-    feats: Features = {"tensors": len(lst), "numel": sum(t.numel for t in lst)}
+    feats: Features = {"tensors": len(lst), "numel": sum(map(_NUMEL, lst))}
     same = [f"{i}={a.arg}" for i, a in enumerate(c.args) if isinstance(a, SameAs)]
     if same:  # a list read twice is one stream of memory traffic, not two: its own category
         feats["pattern"] = "same:" + ",".join(same)
@@ -987,8 +990,9 @@ def _foreach_features(c: OpCall) -> Features:
 
 def _foreach_bytes(c: OpCall, f: Features) -> float:
     lists = [a for a in c.args if isinstance(a, list) and a and isinstance(a[0], TensorSpec)]
-    per = sum(sum(t.nbytes for t in lst) for lst in lists)
-    first_bytes = sum(t.nbytes for t in lists[0]) if lists else 0
+    sizes = [sum(map(_NBYTES, lst)) for lst in lists]
+    per = sum(sizes)
+    first_bytes = sizes[0] if lists else 0
     return float(per + first_bytes)  # inputs read, the first list (or its copy) written
 
 

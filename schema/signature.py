@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import math
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,6 +146,11 @@ def _encode_str(v: ArgValue) -> str:
     if type(v) is TensorSpec:
         return v.json_text
     if isinstance(v, list | tuple):
+        kinds = set(map(type, v))
+        if kinds == {TensorSpec}:  # a list of specs: each one's text, joined in C
+            return "[" + ",".join(map(_JSON_TEXT, v)) + "]"
+        if kinds and kinds <= {float, int} and all(map(math.isfinite, v)):  # plain numbers: JSON's own text
+            return _dumps(v)
         return "[" + ",".join([x.json_text if type(x) is TensorSpec else _encode_str(x) for x in v]) + "]"
     if v is None or isinstance(v, int | float | str):  # scalars recur in every rebuilt call: text once each
         # the type apart (True is 1) and the sign of zero apart (-0.0 == 0.0, but not as text)
@@ -159,6 +165,7 @@ def _encode_str(v: ArgValue) -> str:
 
 
 _SCALAR_STR: dict[tuple[type, Any, float], str] = {}
+_JSON_TEXT = operator.attrgetter("json_text")
 
 
 def _decode(v: Any) -> ArgValue:
@@ -185,6 +192,7 @@ class OpCall:
     kwargs: tuple[tuple[str, ArgValue], ...] = ()
     _json: str = field(default="", compare=False, repr=False)
     _tensors: tuple[TensorSpec, ...] | None = field(default=None, compare=False, repr=False)
+    _dtypes: tuple[DType, ...] | None = field(default=None, compare=False, repr=False)
 
     def to_json_str(self) -> str:
         if self._json:
@@ -222,6 +230,16 @@ class OpCall:
     def device_tensors(self) -> list[TensorSpec]:
         return [t for t in self.tensors() if not t.host]
 
+    def device_dtypes(self) -> tuple[DType, ...]:
+        """The device tensors' dtypes, each once, in the order first seen (found once per call, from its distinct
+        spec objects: an optimizer call's lists hold hundreds of tensors and a few specs)."""
+        if self._dtypes is None:
+            self.tensors()
+            ts = self._tensors or ()
+            distinct = dict(zip(map(id, ts), ts, strict=True)).values()  # (same object, same dtype)
+            object.__setattr__(self, "_dtypes", tuple(dict.fromkeys(t.dtype for t in distinct if not t.host)))
+        return self._dtypes  # type: ignore[return-value]
+
     def arg_tensor(self, i: int) -> TensorSpec:
         v = self.args[i]
         if not isinstance(v, TensorSpec):
@@ -238,6 +256,9 @@ def _collect_tensors(v: ArgValue, out: list[TensorSpec]) -> None:
     if type(v) is TensorSpec:
         out.append(v)
     elif isinstance(v, list | tuple):
+        if v and set(map(type, v)) == {TensorSpec}:  # a list of specs (an optimizer's): taken whole
+            out.extend(v)
+            return
         for x in v:
             if type(x) is TensorSpec:
                 out.append(x)

@@ -138,6 +138,23 @@ def test_call_text_is_the_canonical_json() -> None:
     import pickle
 
     assert "_hash" not in pickle.loads(pickle.dumps(t)).__dict__ and pickle.loads(pickle.dumps(v)) == v
+    # lists joined in C (all specs; plain finite numbers) give the same text as element by element, and a list
+    # with a non-finite, boolean or nested element takes the general path
+    for lst in ([t, t, v, h], [1.0, 2.5e-7, -0.0, 3, 10**30], [1.0, float("nan")], [True, 1], [0.5, [1.0]],
+                [1e308 * 10, 1.0], [t, 1.0], (2.0, 1)):
+        c = OpCall("aten._foreach_add_.ScalarList", (lst,))
+        assert c.to_json_str() == json.dumps({"a": _encode(list(c.args))}, sort_keys=True, separators=(",", ":"))
+
+
+def test_a_calls_dtypes_are_its_device_tensors_dtypes_in_order() -> None:
+    """dtypes_key and the precision read the device tensors' distinct dtypes in argument order (found from the
+    call's distinct spec objects: equal specs given as separate objects count once)."""
+    a, b = TensorSpec((4,), DType.FP32), TensorSpec((4,), DType.BF16)
+    host = TensorSpec((), DType.I64, host=True)
+    c = OpCall("aten._foreach_add_.List", ([TensorSpec((4,), DType.FP32), b, a, host], [b, TensorSpec((2,), DType.FP16)]))
+    assert c.device_dtypes() == (DType.FP32, DType.BF16, DType.FP16)
+    assert ops.dtypes_key(c) == "fp32,bf16,fp16" and ops.float_dtypes(c) == [DType.FP32, DType.BF16, DType.FP16]
+    assert OpCall("aten._foreach_add_.List", ([host],)).device_dtypes() == ()
 
 
 def test_safe_softmax_is_row_wise_by_row_length() -> None:
