@@ -83,6 +83,9 @@ REFUSED: dict[str, str] = {}
 
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 LINEAR_ATTENTION = "linear_attention"  # the gated delta rule where transformers runs its torch fallback
+# layer kinds under their legacy names, as transformers 5.17's configs rename them (configuration_utils.py
+# _LEGACY_LAYER_TYPE_REMAP: Hub checkpoints that list "mamba" / "attention" load as the current kinds)
+LEGACY_LAYER_TYPES = {"conv": LINEAR_ATTENTION, "mamba": LINEAR_ATTENTION, "attention": "full_attention"}
 
 
 def layer_kinds_of(n: int, layer_types: Any, mlp_layer_types: Any, rope_layers: Any) -> list[str]:
@@ -167,6 +170,13 @@ class ModelSpec:
         """Why this model cannot run under tensor parallelism `tp` (with SP), or "" when it can."""
         if tp <= 1:
             return ""
+        # what no TP degree can run first: the divisibility of one degree would only send the user to another
+        if LINEAR_ATTENTION in self.layer_types:
+            return (f"TP>1 with {self.model_type}'s linear-attention layers is not modelled (how their heads, "
+                    "convolution and recurrent state split over ranks is not traced; DP, ZeRO/FSDP and PP are fine)")
+        if self.family == ArchFamily.GPT_NEOX:
+            return ("TP>1 is not modelled for GPT-NeoX (its attention derives the head size from hidden_size / "
+                    "heads, so a per-rank module cannot be built from a divided config)")
         for what, n in (("attention heads", self.num_heads), ("KV heads", self.num_kv_heads),
                         ("FFN size", self.intermediate_size), ("vocab size", self.vocab_size),
                         ("expert FFN size", self.moe_intermediate_size),
@@ -174,12 +184,6 @@ class ModelSpec:
             if n and n % tp:
                 hint = " (pad vocab_size to a multiple of TP, as Megatron-LM does)" if what == "vocab size" else ""
                 return f"TP={tp} does not divide the {what} ({n}){hint}"
-        if LINEAR_ATTENTION in self.layer_types:
-            return (f"TP>1 with {self.model_type}'s linear-attention layers is not modelled (how their heads, "
-                    "convolution and recurrent state split over ranks is not traced; DP, ZeRO/FSDP and PP are fine)")
-        if self.family == ArchFamily.GPT_NEOX:
-            return ("TP>1 is not modelled for GPT-NeoX (its attention derives the head size from hidden_size / "
-                    "heads, so a per-rank module cannot be built from a divided config)")
         if self.family == ArchFamily.TRANSFORMERS and sequence_parallel:
             return (f"sequence parallelism is modelled for the listed families only: where {self.model_type}'s "
                     f"layers leave the sequence whole is not known (TP without SP, DP, ZeRO/FSDP and PP are fine)")
@@ -459,7 +463,10 @@ def _transformers_layer_types(cfg: dict[str, Any], model_type: str, n: int) -> t
 def _every_interval_full(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
     """Qwen3-Next's and Qwen3.5's config classes: every `full_attention_interval`-th layer (default 4) full attention,
     the others linear."""
-    every = _pos_int("full_attention_interval", cfg.get("full_attention_interval", 4))
+    every = cfg.get("full_attention_interval", 4)
+    if isinstance(every, float) and every.is_integer():  # (2.0: the class takes it, and derives the same layers)
+        every = int(every)
+    every = _pos_int("full_attention_interval", every)
     return tuple(LINEAR_ATTENTION if (i + 1) % every else FULL for i in range(n))
 
 
@@ -511,7 +518,7 @@ def _layer_types(cfg: dict[str, Any], family: ArchFamily, model_type: str, n: in
             raise ConfigError(f"layer_types must list {n} of {FULL!r} / {SLIDING!r}, one per layer" +
                               (" (or the model type's own layer kinds)" if generic else "") +
                               (f", got {len(given)}" if isinstance(given, list) else ""))
-        lt = tuple(given[:n])
+        lt = tuple(str(LEGACY_LAYER_TYPES.get(x, x) if generic else x) for x in given[:n])
         if not generic and window is None and SLIDING in lt:
             raise ConfigError(f"{model_type}: layer_types lists sliding layers but no window is in force "
                               "(sliding_window null, or use_sliding_window false): give the window, or list full "

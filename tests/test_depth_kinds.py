@@ -496,6 +496,47 @@ def test_gated_delta_rule_layers_trace_as_transformers_torch_fallback(cpu_db: Pa
                                    parallel=ParallelConfig(), seq_len=128))
 
 
+def test_linear_attention_configs_read_as_transformers_reads_them(cpu_db: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    """An audit's findings: legacy layer names ("mamba", "attention") are the kinds transformers renames them to (the
+    same prediction as the current names); a float interval of integral value is taken as the class takes it; TP's
+    refusal names the linear layers at any degree (not a head count that sends the user to another degree); an
+    invalid kind's refusal keeps what was given; and an installed fast-path package is named, not traced."""
+    import importlib.util
+
+    from tp_query.engine.parallel import ParallelConfig
+    from tp_query.engine.predict import Engine, PredictError, PredictRequest
+    from tp_query.engine.trace import hf_models
+    from tp_query.schema.precision import Setting
+
+    if importlib.util.find_spec("fla") is not None or importlib.util.find_spec("causal_conv1d") is not None:
+        pytest.skip("a gated-delta fast-path package is installed here: these models are refused for it")
+    eng = Engine("cpu", str(cpu_db))
+
+    def predict(cfg: dict[str, object], tp: int = 1) -> float:
+        return eng.predict(PredictRequest(model=cfg, model_name="q", gpu="cpu", setting=Setting.BF16,
+                                          parallel=ParallelConfig(tp=tp), seq_len=128)).iteration_ms
+
+    base = predict(QWEN3_NEXT)
+    assert predict({**QWEN3_NEXT, "layer_types": ["mamba"] * 3 + ["attention"]}) == base
+    derived = {k: v for k, v in QWEN3_NEXT.items() if k != "layer_types"}
+    assert predict({**derived, "full_attention_interval": 4.0}) == predict(derived) == base
+    with pytest.raises(ConfigError, match="positive integer"):
+        parse_config({**derived, "full_attention_interval": 2.5})
+    for tp in (2, 3):
+        with pytest.raises(PredictError, match="linear-attention"):
+            predict(QWEN3_NEXT, tp)
+    with pytest.raises((PredictError, ConfigError), match=r"but got \[.*'foo'\]"):
+        predict({**QWEN3_NEXT, "layer_types": ["linear_attention"] * 3 + ["foo"]})
+    monkeypatch.setattr(hf_models, "gated_delta_kernels_installed", lambda: ["causal_conv1d"])
+    hf_models.gated_delta_fallback.cache_clear()
+    try:
+        with pytest.raises((PredictError, ConfigError), match="causal_conv1d is installed here"):
+            predict({**QWEN3_NEXT, "num_hidden_layers": 8, "layer_types": ["linear_attention"] * 7 + ["full_attention"]})
+    finally:
+        hf_models.gated_delta_fallback.cache_clear()
+
+
 def test_fsdp2_refuses_a_model_whose_trainable_parameters_mix_dtypes(cpu_db: Path) -> None:
     """fully_shard raises on a unit whose trainable parameters have different dtypes ("FSDP expects uniform original
     parameter dtype"): ERNIE-4.5-MoE in pure bf16 keeps fp32 routers, so FSDP2 is refused in one line; under autocast

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import (
+    LEGACY_LAYER_TYPES,
     LINEAR_ATTENTION,
     ROPE_DEPTH_KEYS,
     ArchFamily,
@@ -294,8 +295,9 @@ def _config_object(cfg: dict[str, Any]) -> Any:
     except Exception as e:  # a model type's own config checks, in one line
         # the reason, not only its heading (a validator's message puts the why on the following lines)
         why = " ".join(x.strip() for x in str(e).splitlines() if x.strip()) or type(e).__name__
-        raise ConfigError(f"transformers {_transformers().__version__} cannot build a {mt!r} config: "
-                          f"{why}"[:400]) from None
+        if len(why) > 330:  # its end says what was given ("... but got [...]"): kept, the middle cut
+            why = why[:150] + " ... " + why[-175:]
+        raise ConfigError(f"transformers {_transformers().__version__} cannot build a {mt!r} config: {why}") from None
 
 
 def attention_implementation(cfg: Any) -> str:
@@ -322,8 +324,16 @@ def gated_delta_fallback(model_type: str) -> bool:
                                       f"{model_type_to_module_name(model_type)}")
     except Exception:  # not a transformers model type with its own modeling module
         return False
-    # (transformers wraps the torch function: flash-linear-attention's kernel replaces it where `fla` imports)
-    return hasattr(mod, "torch_chunk_gated_delta_rule") and importlib.util.find_spec("fla") is None
+    # (transformers picks each function when the module is imported: flash-linear-attention's kernel where `fla`
+    # imports, causal-conv1d's where it does; the torch function only where neither is installed)
+    return hasattr(mod, "torch_chunk_gated_delta_rule") and not gated_delta_kernels_installed()
+
+
+def gated_delta_kernels_installed() -> list[str]:
+    """The fast-path packages installed here that transformers would trace in place of the torch fallback."""
+    import importlib.util
+
+    return [p for p in ("fla", "causal_conv1d") if importlib.util.find_spec(p) is not None]
 
 
 def check_layer_kinds(spec: ModelSpec) -> None:
@@ -334,7 +344,9 @@ def check_layer_kinds(spec: ModelSpec) -> None:
     cfg = json.loads(spec.hf_config)
     _cut_per_layer_config(cfg, spec)  # (by the spec's layer types: the parser's reading, checked below)
     cfg["num_hidden_layers"] = spec.num_layers
-    given = list(cfg["layer_types"]) if isinstance(cfg.get("layer_types"), list) else None  # (a class may edit it)
+    # (a class may edit it; its legacy names it renames, as the parser did)
+    given = [LEGACY_LAYER_TYPES.get(t, t) if isinstance(t, str) else t for t in cfg["layer_types"]] \
+        if isinstance(cfg.get("layer_types"), list) else None
     obj = _config_object(cfg)
     # chunked attention (Llama-4) is SDPA with a mask, as sliding windows are; other kinds (recurrent, linear or
     # hybrid layers), whether the config lists them or transformers derives them, are refused for that reason
@@ -349,6 +361,10 @@ def check_layer_kinds(spec: ModelSpec) -> None:
     other = [k for k in dict.fromkeys(map(str, listed))
              if k not in ("full_attention", "sliding_attention", "chunked_attention")
              and not (k == LINEAR_ATTENTION and gated_delta_fallback(spec.model_type))]
+    if other == [LINEAR_ATTENTION] and gated_delta_kernels_installed():
+        raise ConfigError(f"{spec.model_type}: {' and '.join(gated_delta_kernels_installed())} is installed here, so "
+                          "transformers would trace its kernels, which are not profiled; predict where neither fla "
+                          "nor causal_conv1d is installed (transformers' torch fallback is what is modelled)")
     if other:
         raise ConfigError(f"{spec.model_type}: layers of kind {', '.join(other)} (recurrent, linear or hybrid "
                           "attention: their kernels and state are not profiled here) are not modelled")
