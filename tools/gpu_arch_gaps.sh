@@ -13,6 +13,7 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in *H200*)
 timeout ${VALIDATE_S:-200} python3 -m tp_query.collector validate --gpu h200 \
   --only "${ONLY:-cwm-default-L4,ernie4_5_moe-default-L4,glm4_moe_lite-default-L4,youtu-default-L4}" \
   --budget-s $(( ${VALIDATE_S:-200} - 15 )) 2>&1 | tail -20
+ship arch-gaps-validation || true  # what validated, back even if a later step outlives the call's limit
 timeout ${COLLECT_S:-240} python3 -m tp_query.collector collect --gpu h200 --out data/h200/ops \
   --sigs data/h200/campaigns/arch-gaps.jsonl --budget-s $(( ${COLLECT_S:-240} - 30 )) --quiet 2>&1 | tail -8
 timeout ${PROFILE_S:-100} python3 tools/hf_op_profile.py data/validation/profiles \

@@ -22,6 +22,7 @@ ONLY="$ONLY,qwen3_5_text-default-L4-$S-amp_fp16,olmo_hybrid-default-L4-$S-amp_fp
 [ "$GPU" = h200 ] && ONLY="$ONLY,qwen3_5_moe_text-default-L4-$S-amp_fp16"
 timeout ${VALIDATE_S:-360} python3 -m tp_query.collector validate --gpu $GPU --only "$ONLY" \
   --budget-s $(( ${VALIDATE_S:-360} - 15 )) 2>&1 | tail -20
+ship linear-attention-validation || true  # what validated, back even if a later step outlives the call's limit
 # after the held-out runs (their predictions were registered first): the fallback's calls the grid does not bracket,
 # at other lengths than the cases' 4,096 (tools/linear_attention_sigs.py; resumable)
 if [ "$GPU" = h200 ] && [ "${COLLECT_S:-0}" -gt 0 ]; then
