@@ -639,6 +639,9 @@ def search(
             raise UserError("--price-per-gpu-hour prices a job: give its token budget with --tokens")
         if top < 0:
             raise UserError(f"--top must be 0 (every configuration) or more, got {top}")
+        if precision and "all" in precision and len(precision) > 1:
+            raise UserError(f"--precision all already names every setting; given with {', '.join(p for p in precision if p != 'all')}: "
+                            "give all alone, or the settings")
         precs = list(Setting) if precision and "all" in precision else [_setting(p) for p in (precision or ["amp_bf16"])]
         space = SearchSpace(gpus, global_batch, seq_len, tuple(precs), tuple(micro_batch or (1, 2, 4, 8)),
                             optimizer=optimizer, framework=framework,
@@ -653,9 +656,11 @@ def search(
         try:
             sysspec = _system(system)
             if emit is not None:  # refused before the search, not after it
-                from tp_query.engine.search import launch_refusal
+                from tp_query.engine.search import launch_refusal, megatron_refusal
+                from tp_query.schema.model_config import parse_config
 
-                why = launch_refusal(gpus, sysspec.gpus_per_node if sysspec else 8)
+                why = launch_refusal(gpus, sysspec.gpus_per_node if sysspec else 8) or (
+                    megatron_refusal(parse_config(cfg)) if emit == "megatron" else "")
                 if why:
                     raise UserError(why)
             price = price_per_gpu_hour if price_per_gpu_hour is not None else (
@@ -686,11 +691,11 @@ def search(
                 frame.write_csv(output)
         if emit is not None:
             from tp_query.engine.search import launch_command
-            from tp_query.schema.model_config import parse_config
+            from tp_query.schema.model_config import parse_config, rope_scaling_factor
 
             typer.echo(launch_command(res.ranked[0], emit, str(model), seq_len,
                                       sysspec.gpus_per_node if sysspec else 8, optimizer=optimizer,
-                                      spec=parse_config(cfg)))
+                                      spec=parse_config(cfg), rope_factor=rope_scaling_factor(cfg)))
             return
         if as_json:
             typer.echo(json.dumps({"evaluated": res.evaluated, "seconds": res.seconds, "gpu": res.gpu,

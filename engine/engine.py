@@ -24,7 +24,7 @@ from .graph import Graph, Phase, Section, is_graph_json
 from .graphcache import graph_for, trace_fields
 from .hostsim import CalibrationError, HostModel, ShiftedHostMap
 from .lookup import LatencyModel, Source
-from .parallel import PlanError
+from .parallel import PlanError, straddle_refusal
 from .prediction import Assembled
 from .request import (
     MAX_SEQ,
@@ -238,7 +238,8 @@ class Engine:
         if isinstance(req.seq_len, bool) or not isinstance(req.seq_len, int) or not 1 < req.seq_len <= MAX_SEQ:
             # a causal LM's loss predicts each next token: one token leaves nothing to train on
             raise PredictError(f"sequence length must be an integer in 2..{MAX_SEQ}, got {req.seq_len!r}")
-        why = setting_refusal(req.setting, par, req.seq_len) or par.unmodelled() or checkpointing_refusal(req)
+        why = setting_refusal(req.setting, par, req.seq_len) or par.unmodelled() or checkpointing_refusal(req) or \
+            straddle_refusal(par.tp, par.gpus, self.comm.gpus_per_node)
         if why:
             raise PredictError(why)
         if req.seq_len * par.micro_batch > MAX_TOKENS:

@@ -171,3 +171,12 @@ class ParallelConfig:
             return (f"Megatron-Core's interleaved schedule needs the micro-batches ({m}) to be a multiple of "
                     f"PP={pp} (its micro-batch groups per virtual stage)")
         return ""
+
+
+def straddle_refusal(tp: int, gpus: int, gpus_per_node: int) -> str:
+    """TP groups are consecutive ranks: where TP divides neither the node nor is a whole number of nodes and the job
+    spans nodes, some group straddles two nodes, its collectives partly over the network, which is not priced."""
+    if tp > 1 and gpus > gpus_per_node and gpus_per_node % tp and tp % gpus_per_node:
+        return (f"TP={tp} does not divide the {gpus_per_node} GPUs of a node: over {gpus} GPUs some TP groups would "
+                f"straddle two nodes (not modelled); choose a TP dividing {gpus_per_node}")
+    return ""

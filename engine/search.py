@@ -23,7 +23,7 @@ from tp_query.schema.precision import Setting
 
 from .graph import Graph
 from .lookup import Source
-from .parallel import MEGATRON_MOE_ARGS, STACK_ZERO_STAGES, ParallelConfig, PlanError
+from .parallel import MEGATRON_MOE_ARGS, STACK_ZERO_STAGES, ParallelConfig, PlanError, straddle_refusal
 from .predict import Engine, PredictError, PredictRequest
 from .prediction import HOST_SOURCE
 from .request import OPTIMIZERS, setting_refusal
@@ -136,6 +136,9 @@ def invalid_reason(spec: ModelSpec, cand: Candidate, space: SearchSpace) -> str:
     c = cand.parallel
     if c.tp > space.max_tp:
         return f"TP={c.tp} exceeds one host ({space.max_tp} GPUs)"
+    why = straddle_refusal(c.tp, space.gpus, space.max_tp)
+    if why:
+        return why
     why = spec.split_refusal(c.tp, c.sequence_parallel) or setting_refusal(cand.precision, c, space.seq_len)
     if why:
         return why
@@ -466,15 +469,29 @@ def common_reason(outcomes: list[Outcome]) -> str:
     return reason if n == len(outcomes) else f"{reason} ({n} of {len(outcomes)} configurations)"
 
 
-def _megatron_model_args(spec: ModelSpec) -> list[str]:
-    """pretrain_gpt.py's model flags for a parsed config as the prediction built it (Megatron-Core's local spec)."""
+def megatron_refusal(spec: ModelSpec) -> str:
+    """Why no pretrain_gpt.py line can launch this model ("" when one can): asked before a search runs."""
     if not float(spec.rope_theta).is_integer():  # arguments.py: --rotary-base is type=int
-        raise SearchError(f"rope_theta {spec.rope_theta:g} is no whole number, and Megatron-LM's --rotary-base takes "
-                          "an integer: no launch line")
+        return (f"rope_theta {spec.rope_theta!r} is no whole number, and Megatron-LM's --rotary-base takes an "
+                "integer: no launch line")
+    return ""
+
+
+def _megatron_model_args(spec: ModelSpec, seq_len: int, rope_factor: float | None = None) -> list[str]:
+    """pretrain_gpt.py's model flags for a parsed config as the prediction built it (Megatron-Core's local spec).
+    rope_factor: the config's Llama-3 RoPE scaling factor (Megatron-LM's --rope-scaling-factor defaults to 8)."""
+    why = megatron_refusal(spec)
+    if why:
+        raise SearchError(why)
+    # validate_args: max_position_embeddings >= seq_length (RoPE computes the positions it is given)
+    positions = max(spec.max_position_embeddings, seq_len)
+    scaling = ["--use-rope-scaling"] if spec.rope_type == "llama3" else []
+    if scaling and rope_factor is not None:
+        scaling.append(f"--rope-scaling-factor {rope_factor:g}")
     a = [f"--num-layers {spec.num_layers}", f"--hidden-size {spec.hidden_size}",
-         f"--num-attention-heads {spec.num_heads}", f"--max-position-embeddings {spec.max_position_embeddings}",
+         f"--num-attention-heads {spec.num_heads}", f"--max-position-embeddings {positions}",
          "--position-embedding-type rope", f"--rotary-base {int(spec.rope_theta)}", "--normalization RMSNorm",
-         *(["--use-rope-scaling"] if spec.rope_type == "llama3" else []),
+         *scaling,
          f"--norm-epsilon {spec.norm_eps:g}", "--attention-dropout 0", "--hidden-dropout 0",
          "--transformer-impl local", "--tokenizer-type NullTokenizer", f"--vocab-size {spec.vocab_size}"]
     if spec.num_kv_heads != spec.num_heads:
@@ -503,6 +520,15 @@ def _megatron_model_args(spec: ModelSpec) -> list[str]:
 _MEGATRON_OPTIMIZER = {"adamw": "adam", "adamw_fused": "adam", "sgd": "sgd"}
 
 
+def _rendezvous(nodes: int, per_node: int) -> str:
+    """torchrun's node flags: over several nodes every node runs the same line with its own NODE_RANK and a shared
+    MASTER_ADDR (torchrun's default static rendezvous on one node would wait for the others forever)."""
+    if nodes == 1:
+        return f"--nnodes 1 --nproc-per-node {per_node}"
+    return (f"--nnodes {nodes} --nproc-per-node {per_node} --node-rank $NODE_RANK --master-addr $MASTER_ADDR "
+            "--master-port ${MASTER_PORT:-29500}")
+
+
 def launch_refusal(gpus: int, gpus_per_node: int) -> str:
     """Why torchrun cannot launch this many GPUs as nodes of equal size ("" when it can)."""
     if gpus > gpus_per_node and gpus % gpus_per_node:
@@ -522,7 +548,7 @@ _MEGATRON_OPTIMIZER_NOTE = {
 
 
 def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node: int = 8, *,
-                   optimizer: str = "adamw", spec: ModelSpec | None = None) -> str:
+                   optimizer: str = "adamw", spec: ModelSpec | None = None, rope_factor: float | None = None) -> str:
     """How to launch a configuration: torchrun flags for a PyTorch-native script (the parallel sizes, precision
     and optimizer as the script's arguments), or Megatron-LM's pretrain_gpt.py arguments (with the model's shape
     when its parsed config is given). Everything the prediction assumed is on the line."""
@@ -564,18 +590,21 @@ def launch_command(o: Outcome, how: str, model: str, seq_len: int, gpus_per_node
         if optimizer == "sgd":
             args.append("--sgd-momentum 0")  # as priced: no momentum buffer (Megatron-LM's default is 0.9)
         if spec is not None:
-            args += _megatron_model_args(spec)
+            args += _megatron_model_args(spec, seq_len, rope_factor)
             if spec.vocab_size % (128 * p.tp):
                 # Megatron-LM pads the vocabulary to a multiple of 128 x TP by default (_vocab_size_with_padding);
                 # the prediction priced the model's own vocabulary, split over TP as Megatron-Core builds it
                 args.append("--make-vocab-size-divisible-by 1")
         # PyTorch leaves TF32 GEMMs off: fp32 runs so, and tf32 is switched on for cuBLAS by the environment
-        env = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 " if prec == "tf32" else ""
+        # validate_args refuses TP > 1 on Hopper without one connection (it keeps the TP collectives in issue
+        # order); the measured Megatron-Core runs set it
+        env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if p.tp > 1 else ""
+        env += "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 " if prec == "tf32" else ""
         note = f"\n# optimizer as priced: {_MEGATRON_OPTIMIZER_NOTE.get(optimizer, optimizer)}"
-        return head + note + f"\n{env}torchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py " + \
+        return head + note + f"\n{env}torchrun {_rendezvous(nodes, per_node)} pretrain_gpt.py " + \
             " ".join(a for a in args if a)
     dp_kind = {0: "ddp", 2: "fsdp2 --reshard-after-forward false", 3: "fsdp2"}[p.zero]
-    return head + (f"\ntorchrun --nnodes {nodes} --nproc-per-node {per_node} train.py --config {model} "
+    return head + (f"\ntorchrun {_rendezvous(nodes, per_node)} train.py --config {model} "
                    f"--dp {p.dp} --tp {p.tp} --pp {p.pp} --data-parallel {dp_kind} --micro-batch {p.micro_batch} "
                    f"--global-batch {p.global_batch} --seq-len {seq_len} --precision {prec} --optimizer {optimizer}"
                    + (" --sequence-parallel" if p.sequence_parallel else "")

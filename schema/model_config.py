@@ -293,6 +293,12 @@ def _rope_params(cfg: dict[str, Any]) -> dict[str, Any] | None:
     return cfg.get("rope_scaling") or cfg.get("rope_parameters") or None
 
 
+def rope_scaling_factor(cfg: dict[str, Any]) -> float | None:
+    """The config's RoPE scaling factor (rope_scaling.factor, as transformers reads it), or None."""
+    f = (_rope_params(cfg) or {}).get("factor")
+    return float(f) if isinstance(f, int | float) and not isinstance(f, bool) else None
+
+
 def _rope(cfg: dict[str, Any]) -> tuple[float, str]:
     """RoPE's base and type as transformers reads them."""
     params = _rope_params(cfg)

@@ -481,6 +481,50 @@ def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Pa
     assert r.returncode == 0 and "TF32" not in r.stdout, r.stderr
 
 
+def test_launch_lines_start_what_was_priced_and_tp_groups_stay_inside_nodes(cpu_db: Path, tiny_llama_file: Path
+                                                                            ) -> None:
+    """An audit's findings: a Megatron-LM line with TP > 1 sets CUDA_DEVICE_MAX_CONNECTIONS=1 (validate_args refuses
+    it otherwise), never asks fewer positions than the sequence, carries the config's Llama-3 RoPE factor (the
+    parser's default is 8), and a line over several nodes names each node's rank and the master; a TP that divides
+    neither the node nor a whole number of nodes is refused by predict and search alike (its groups would straddle
+    nodes, priced as NVLink); "all" given with other precisions is refused, not taken alone."""
+    from tp_query.engine.parallel import ParallelConfig, straddle_refusal
+    from tp_query.engine.predict import Engine, PredictError, PredictRequest
+    from tp_query.engine.search import Candidate, Outcome, launch_command
+    from tp_query.schema.model_config import parse_config, rope_scaling_factor
+    from tp_query.schema.precision import Setting
+
+    cfg = {**TINY_LLAMA, "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+           "max_position_embeddings": 128}
+    spec = parse_config(cfg)
+
+    def line(tp: int, dp: int, seq: int) -> str:
+        par = ParallelConfig(dp=dp, tp=tp, framework="megatron", global_batch=dp * 2)
+        o = Outcome(Candidate(Setting.MP_BF16, par), 10.0, 1.0, 1.0, True)
+        return launch_command(o, "megatron", "m.json", seq, spec=spec, rope_factor=rope_scaling_factor(cfg))
+
+    one = line(2, 1, 256)
+    assert one.splitlines()[-1].startswith("CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes 1 ")
+    assert "--max-position-embeddings 256 " in one and "--use-rope-scaling --rope-scaling-factor 32 " in one
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in line(1, 2, 64) and "--max-position-embeddings 128 " in line(1, 2, 64)
+    multi = line(2, 8, 64)
+    assert "--nnodes 2 --nproc-per-node 8 --node-rank $NODE_RANK --master-addr $MASTER_ADDR" in multi
+    assert straddle_refusal(3, 24, 8) and straddle_refusal(6, 24, 8) and not straddle_refusal(3, 6, 8)
+    assert not straddle_refusal(4, 24, 8) and not straddle_refusal(16, 32, 8)
+    eng = Engine("cpu", str(cpu_db))
+    wide = {**TINY_LLAMA, "num_attention_heads": 6, "num_key_value_heads": 6, "hidden_size": 96,
+            "intermediate_size": 192, "vocab_size": 510}
+    with pytest.raises(PredictError, match="straddle two nodes"):
+        eng.predict(PredictRequest(model=wide, model_name="w", gpu="cpu", setting=Setting.BF16,
+                                   parallel=ParallelConfig(dp=8, tp=3), seq_len=64))
+    assert eng.predict(PredictRequest(model=wide, model_name="w", gpu="cpu", setting=Setting.BF16,
+                                      parallel=ParallelConfig(dp=2, tp=3), seq_len=64)).iteration_ms > 0
+    r = run_cli("search", str(tiny_llama_file), "--gpus", "4", "--global-batch", "8", "--gpu", "cpu", "--db",
+                str(cpu_db), "--precision", "all", "--precision", "nonsense")
+    assert r.returncode == 2 and "all alone" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_system_files_set_the_cluster(cpu_db: Path, tiny_llama_file: Path, tmp_path: Path) -> None:
     from tp_query.schema.system import load_system, presets
 
