@@ -283,16 +283,6 @@ class Composer:
         selected: dict[tuple[int, ...], list[tuple[int, int]]] = {}
         built: dict[tuple[tuple[int, ...], tuple[int, ...]], list[object]] = {}
 
-        sharded: dict[tuple[int, int], TensorSpec] = {}
-
-        def shard(t: TensorSpec, n: int) -> TensorSpec:
-            """_shard, by the spec object's identity (a stage's lists hold a few spec objects many times)."""
-            k = (id(t), n)
-            out = sharded.get(k)
-            if out is None:
-                out = sharded[k] = _shard(t, n)
-            return out
-
         def remap(ci: int, ai: int, v: object) -> object:
             m = maps.get((ci, ai))
             if m is None or not isinstance(v, list):
@@ -307,7 +297,7 @@ class Composer:
                 if unsharded or not all(isinstance(x, TensorSpec) for x in v):
                     out = [v[k] for _, k in sel]  # (_shard leaves every tensor as it is at one shard)
                 else:
-                    out = [shard(v[k], shards[j]) for j, k in sel]
+                    out = [_shard(v[k], shards[j]) for j, k in sel]
                 built[key] = out
             return list(out)
 

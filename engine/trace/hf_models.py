@@ -361,8 +361,8 @@ def check_layer_kinds(spec: ModelSpec) -> None:
     other = [k for k in dict.fromkeys(map(str, listed))
              if k not in ("full_attention", "sliding_attention", "chunked_attention")
              and not (k == LINEAR_ATTENTION and gated_delta_fallback(spec.model_type))]
-    if other == [LINEAR_ATTENTION] and gated_delta_kernels_installed():
-        raise ConfigError(f"{spec.model_type}: {' and '.join(gated_delta_kernels_installed())} is installed here, so "
+    if other == [LINEAR_ATTENTION] and (kernels := gated_delta_kernels_installed()):
+        raise ConfigError(f"{spec.model_type}: {' and '.join(kernels)} is installed here, so "
                           "transformers would trace its kernels, which are not profiled; predict where neither fla "
                           "nor causal_conv1d is installed (transformers' torch fallback is what is modelled)")
     if other:
