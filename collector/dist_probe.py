@@ -192,7 +192,36 @@ def overlap_campaign(device: torch.device, prov: Any, out: Path | None) -> int:
 TINY: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
         "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
         "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 1024}
-HOST_KINDS = ("plain", "plain_tp_shard", "ddp", "fsdp_z3", "fsdp_z2", "tp", "tp_sp")
+HOST_KINDS = ("plain", "plain_tp_shard", "ddp", "fsdp_z3", "fsdp_z2", "tp", "tp_sp", "chain_views", "chain_launches")
+# The plain model with a chain of operators added to each decoder layer's input: metadata-only views (view,
+# transpose, unsqueeze, squeeze; their gradients are views too) or kernel-launching pointwise ones (mul, neg; theirs
+# launch too), CHAIN_OPS of them, issued by the same Python loop. The two kinds' per-layer slopes differ only in
+# what a launching operator costs the host beyond a view: dispatch to a CUDA kernel, its allocation and launch.
+CHAIN_KINDS = ("chain_views", "chain_launches")
+CHAIN_OPS = 128
+
+
+def _chain(kind: str, h: torch.Tensor) -> torch.Tensor:
+    """CHAIN_OPS forward operators of one class on the hidden states, shape and values kept (to rounding)."""
+    b, s, d = h.shape
+    for _ in range(CHAIN_OPS // 4):
+        if kind == "chain_views":
+            h = h.view(b, s, 4, d // 4).transpose(1, 2).transpose(1, 2).view(b, s, d)
+        else:
+            h = (h * 1.0).neg().neg() * 1.0
+    return h
+
+
+def _add_chains(model: Any, kind: str) -> None:
+    """Each decoder layer's hidden-state input passes through `_chain` first (a forward pre-hook)."""
+
+    def hook(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args:
+            return (_chain(kind, args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": _chain(kind, kwargs["hidden_states"])}
+
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _phase_times(kind: str, layers: int, setting: str, device: torch.device, iters: int) -> dict[str, float]:
@@ -226,6 +255,8 @@ def _phase_times(kind: str, layers: int, setting: str, device: torch.device, ite
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=kind == "fsdp_z3")
         fully_shard(model, mesh=mesh["dp"], reshard_after_forward=kind == "fsdp_z3")
+    elif kind in CHAIN_KINDS:
+        _add_chains(model, kind)
     elif kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -280,20 +311,28 @@ def _phase_times(kind: str, layers: int, setting: str, device: torch.device, ite
             samples["opt"].append((t3 - t2) * 1e6)
     out = {k: statistics.median(v) for k, v in samples.items()}
     out.update({f"{k}_ops": float(v) for k, v in counter.counts.items()})
+    out.update({f"{k}_views": float(v) for k, v in counter.views.items()})
     return out
 
 
 class _OpCount(TorchDispatchMode):
-    """Aten operators dispatched per phase (host costs per operator = per-layer time / per-layer count)."""
+    """Aten operators dispatched per phase (host costs per operator = per-layer time / per-layer count), and how
+    many of them launch no kernel (the operator registry's view family, as the engine classes them)."""
 
     def __init__(self) -> None:
         super().__init__()
+        from tp_query.schema.ops import REGISTRY, Family
+
+        self._view = lambda name: REGISTRY.for_op(name).family == Family.VIEW
         self.phase = "fwd"
         self.counts = {"fwd": 0, "bwd": 0, "opt": 0}
+        self.views = {"fwd": 0, "bwd": 0, "opt": 0}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        if str(func).startswith("aten."):
+        name = str(func)
+        if name.startswith("aten."):
             self.counts[self.phase] += 1
+            self.views[self.phase] += self._view(name)
         return func(*args, **(kwargs or {}))
 
 
@@ -364,7 +403,7 @@ def _host_rows(device: torch.device, prov: Any, setting: str, iters: int,
             if dist.get_rank() == 0:
                 print(f"[host] {setting} {kind} L{layers}", flush=True)
             t = _phase_times(kind, layers, setting, device, iters)
-            names = ("fwd", "bwd", "opt", "fwd_ops", "bwd_ops", "opt_ops")
+            names = ("fwd", "bwd", "opt", "fwd_ops", "bwd_ops", "opt_ops", "fwd_views", "bwd_views", "opt_views")
             times[(kind, layers)] = dict(zip(names, _max_over_ranks(*(t[k] for k in names)), strict=True))
     rows = []
     xs = [float(n) for n in LAYER_COUNTS]
@@ -373,12 +412,15 @@ def _host_rows(device: torch.device, prov: Any, setting: str, iters: int,
         for phase in ("fwd", "bwd", "opt"):
             slope, fixed = _fit_line(xs, [times[(kind, n)][phase] for n in LAYER_COUNTS])
             ops, _ = _fit_line(xs, [times[(kind, n)][phase + "_ops"] for n in LAYER_COUNTS])
+            views, _ = _fit_line(xs, [times[(kind, n)][phase + "_views"] for n in LAYER_COUNTS])
             if kind.startswith("plain"):
                 vals = {"per_layer_us": slope, "fixed_us": fixed, "per_layer_ops": ops,
-                        "per_op_us": slope / ops if ops > 0 else 0.0}
+                        "per_op_us": slope / ops if ops > 0 else 0.0, "per_layer_views": views}
             else:
                 bslope, bfixed = _fit_line(xs, [times[(base, n)][phase] for n in LAYER_COUNTS])
                 vals = {"extra_per_layer_us": slope - bslope, "extra_fixed_us": fixed - bfixed}
+                if kind in CHAIN_KINDS:  # what the chain adds a layer, by class (engine.framework reads the pair)
+                    vals.update({"per_layer_us": slope, "per_layer_ops": ops, "per_layer_views": views})
             for q, v in vals.items():
                 rows.append(_framework_row(kind, setting, phase, q, v, world,
                                            {str(k[1]): times[k][phase] for k in times if k[0] == kind}, prov))
