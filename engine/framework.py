@@ -180,7 +180,7 @@ class FrameworkData:
             cpus = {r.get("cpu") for r in self.host if (r.get("machine") or FIRST_MACHINE) == m and r.get("cpu")}
             tp = fd.host_extra("torch", "tp", "bf16", 2).per_layer_us
             out.append({"machine": m, "cpu": ", ".join(sorted(str(c) for c in cpus)),
-                        "per_op_us": fd.per_op_host_us("bf16").get("fwd_us", float("nan")),
+                        "per_op_us": fd.mean_op_host_us("bf16", "fwd"),
                         "tp_extra_ms": (tp.get("fwd", 0.0) + tp.get("bwd", 0.0)) / 1e3})
         return out
 
@@ -248,8 +248,75 @@ class FrameworkData:
                                                              "per_op_us") if r["value_us"] > 0])
             if rows:
                 out[f"{phase}_us"] = self._median_over_machines(rows)
+        for phase in ("fwd", "bwd"):  # a view's host cost and a launching operator's, their mean kept
+            mean = out.get(f"{phase}_us")
+            if mean is None:
+                continue
+            split = self.launch_split(setting, phase)
+            if split is None:
+                out[f"{phase}_view_us"] = mean
+                continue
+            frac, share = split
+            d = min(max(frac, 0.0), 1.0 / max(1.0 - share, 1e-9)) * mean  # a view costs the host >= 0
+            out[f"{phase}_us"], out[f"{phase}_view_us"] = mean + share * d, max(mean - (1.0 - share) * d, 0.0)
         self._per_op[setting] = out
         return dict(out)
+
+    def mean_op_host_us(self, setting: str, phase: str) -> float:
+        """The plain layer's mean host cost per operator of a phase, views and launching ones together (nan when
+        not measured): what the probe measured before its operators were told apart."""
+        rows = self._host_rows([r for r in self._indexed("torch", lambda k: k.startswith("plain"), setting, phase,
+                                                         "per_op_us") if r["value_us"] > 0])
+        return self._median_over_machines(rows) if rows else float("nan")
+
+    def launch_split(self, setting: str, phase: str) -> tuple[float, float] | None:
+        """(f, s) of one phase: what a kernel-launching operator costs the host beyond a view, as a fraction f of
+        the same instance's plain per-operator cost, and the share s of views among the plain layer's operators;
+        None where no instance ran the chain probe (collector.dist_probe: the plain model with 128 views or 128
+        launching operators added to each layer, the two slopes' difference over the operators told apart).
+
+        With d = f x mean, a view is charged mean - (1 - s) d and a launching operator mean + s d: the plain layer
+        costs what it was measured to, and a model whose operators are more often views costs less. The Python
+        that issues each operator stays in both charges (the chains are issued by one loop, so their difference
+        holds none of it). f is the chosen instance's where it ran the probe, else the median over those that
+        did; s is the same for every instance (one model, one torch)."""
+        key = f"split:{setting}:{phase}"
+        if key in self._per_op:
+            kept = self._per_op[key]
+            return (kept["f"], kept["s"]) if kept else None
+
+        def by_machine(kind: str, quantity: str) -> dict[str, float]:
+            out: dict[str, list[float]] = {}
+            for r in self._indexed("torch", lambda k: k == kind, setting, phase, quantity):
+                if r.get("status") == "ok":
+                    out.setdefault(r.get("machine") or FIRST_MACHINE, []).append(float(r["value_us"]))
+            return {m: sum(v) / len(v) for m, v in out.items()}
+
+        per = {k: {q: by_machine(k, q) for q in ("per_layer_us", "per_layer_ops", "per_layer_views")}
+               for k in ("chain_views", "chain_launches")}
+        plain = {q: by_machine("plain", q) for q in ("per_op_us", "per_layer_ops", "per_layer_views")}
+        fracs: dict[str, float] = {}
+        shares: list[float] = []
+        for m, mean in plain["per_op_us"].items():
+            ops, views = plain["per_layer_ops"].get(m), plain["per_layer_views"].get(m)
+            if ops and views is not None:
+                shares.append(views / ops)
+            v, la = per["chain_views"], per["chain_launches"]
+            try:
+                lv = (la["per_layer_ops"][m] - la["per_layer_views"][m]) - (v["per_layer_ops"][m] - v["per_layer_views"][m])
+                vv = v["per_layer_views"][m] - la["per_layer_views"][m]
+                n = (lv + vv) / 2  # operators that launch in one chain and are views in the other
+                dt = la["per_layer_us"][m] - v["per_layer_us"][m]
+            except KeyError:
+                continue
+            if n > 0 and mean > 0:
+                fracs[m] = dt / n / mean
+        got: dict[str, float] = {}
+        if fracs and shares:
+            got = {"f": fracs[self.chosen] if self.chosen in fracs else statistics.median(fracs.values()),
+                   "s": statistics.median(shares)}
+        self._per_op[key] = got
+        return (got["f"], got["s"]) if got else None
 
     def grad_scaler_step_us(self) -> float | None:
         """GradScaler's host work per optimizer step (unscale_ with its per-parameter Python, the read of the inf

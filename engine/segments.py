@@ -24,6 +24,7 @@ SYNC_OPS = ("aten._local_scalar_dense.default", "aten.is_nonzero.default", "aten
 
 SOURCES = list(Source)
 _SRC_CODE = {src: i for i, src in enumerate(SOURCES)}
+_NO_KERNEL = _SRC_CODE[Source.NO_KERNEL]
 
 
 @dataclass
@@ -89,7 +90,11 @@ class Segment:
 
     def times(self, host: HostModel) -> tuple[np.ndarray, np.ndarray]:
         g = np.where(self.is_comm, self.comm_us, self.warm + host.beta * (self.cold - self.warm))
-        h = np.choose(self.phase, [host.fwd_us, host.bwd_us, host.opt_us]) + host.per_tensor_us * self.tensors
+        h = np.choose(self.phase, [host.fwd_us, host.bwd_us, host.opt_us])
+        if host.fwd_view_us != host.fwd_us or host.bwd_view_us != host.bwd_us:  # views launch nothing
+            view = (self.src == _NO_KERNEL) & ~self.sync
+            h = np.where(view, np.choose(self.phase, [host.fwd_view_us, host.bwd_view_us, host.opt_us]), h)
+        h = h + host.per_tensor_us * self.tensors
         if self.weight is not None:
             return g * self.weight, h * self.weight
         return g, h

@@ -3,6 +3,8 @@ communication, pipeline schedules as torch orders them, and the framework data r
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from tp_query.engine.framework import (
@@ -281,7 +283,49 @@ def test_framework_data_reads_measured_rows() -> None:
     assert e.per_layer_us == {"fwd": 100.0, "bwd": 200.0} and e.fixed_us == {"fwd": 0.0}  # a cost is >= 0
     assert "2 ranks" in e.source
     assert fd.host_extra("torch", "tp", "amp_bf16", 2).source == "none"
-    assert fd.per_op_host_us("bf16") == {"fwd_us": 11.0}  # only what was measured
+    # only what was measured; without the chain probe a view is charged as any other operator
+    assert fd.per_op_host_us("bf16") == {"fwd_us": 11.0, "fwd_view_us": 11.0}
+
+
+def _chain_rows(machine: str, mean_us: float, view_us: float, launch_us: float, python_us: float,
+                ops: float = 76.0, views: float = 38.0, chain: float = 128.0) -> list[dict[str, Any]]:
+    """One instance's probe rows, closed form: the plain layer's operators cost `mean_us` each; the chains' add
+    `chain` operators a layer issued by one loop (`python_us` each) costing `view_us` or `launch_us` beyond it."""
+    plain_layer = mean_us * ops
+
+    def row(kind: str, q: str, v: float) -> dict[str, Any]:
+        return {"framework": "torch", "kind": kind, "setting": "bf16", "phase": "fwd", "quantity": q, "value_us": v,
+                "ranks": 1, "status": "ok", "machine": machine}
+
+    return [row("plain", "per_op_us", mean_us), row("plain", "per_layer_ops", ops),
+            row("plain", "per_layer_views", views), row("plain", "per_layer_us", plain_layer),
+            row("chain_views", "per_layer_us", plain_layer + chain * (python_us + view_us)),
+            row("chain_views", "per_layer_ops", ops + chain), row("chain_views", "per_layer_views", views + chain),
+            row("chain_launches", "per_layer_us", plain_layer + chain * (python_us + launch_us)),
+            row("chain_launches", "per_layer_ops", ops + chain), row("chain_launches", "per_layer_views", views)]
+
+
+def test_views_cost_the_host_less_than_launching_operators() -> None:
+    """The chain probe's two slopes give what a launch costs beyond a view (d), as a fraction of the instance's
+    plain per-operator cost: a view is charged mean - (1 - s) d, a launching operator mean + s d, so the plain
+    layer's mix costs its measured mean; the loop's own Python cancels out of d."""
+    rows = _chain_rows("a", mean_us=10.0, view_us=1.0, launch_us=6.0, python_us=2.0)  # d = 5 = 0.5 x mean
+    rows += _chain_rows("b", mean_us=20.0, view_us=2.0, launch_us=8.0, python_us=4.0)  # d = 6 = 0.3 x mean
+    fd = FrameworkData([], rows)
+    f, s = fd.on("a").launch_split("bf16", "fwd")
+    assert f == pytest.approx(0.5) and s == pytest.approx(0.5)
+    a = fd.on("a").per_op_host_us("bf16")
+    assert a["fwd_us"] == pytest.approx(12.5) and a["fwd_view_us"] == pytest.approx(7.5)
+    assert (a["fwd_us"] + a["fwd_view_us"]) / 2 == pytest.approx(10.0)  # the plain layer's cost is kept
+    b = fd.on("b").per_op_host_us("bf16")
+    assert b["fwd_us"] - b["fwd_view_us"] == pytest.approx(6.0)
+    typical = fd.per_op_host_us("bf16")  # the median fraction (0.4) of the median mean (15)
+    assert typical["fwd_us"] - typical["fwd_view_us"] == pytest.approx(0.4 * 15.0)
+    assert fd.launch_split("bf16", "bwd") is None
+    # an instance whose launches cost more than the whole mean over the views' share: views charged 0, not less
+    big = FrameworkData([], _chain_rows("c", mean_us=10.0, view_us=0.0, launch_us=40.0, python_us=1.0))
+    c = big.per_op_host_us("bf16")
+    assert c["fwd_view_us"] == 0.0 and c["fwd_us"] == pytest.approx(20.0)
 
 
 def test_ddp_host_costs_are_the_same_in_every_setting() -> None:
@@ -314,17 +358,17 @@ def test_host_costs_come_from_one_machine_instance() -> None:
     assert fd.machines() == ["first", "mA", "mB"]
     by_speed = [i["machine"] for i in sorted(fd.instances(), key=lambda i: -i["per_op_us"])]
     assert by_speed[0] == "first" and by_speed[-1] == "mA"
-    assert fd.per_op_host_us("bf16") == {"fwd_us": 12.0}  # the median of 20, 8 and 12
+    assert fd.per_op_host_us("bf16") == {"fwd_us": 12.0, "fwd_view_us": 12.0}  # the median of 20, 8 and 12
     assert fd.host_extra("torch", "tp", "bf16", 2).per_layer_us == {"fwd": 300.0}
     assert "median of 3 machines" in fd.host_extra("torch", "tp", "bf16", 2).source
     ddp = fd.host_extra("torch", "ddp", "bf16", 2)  # only mA and mB measured DDP: their median
     assert ddp.per_layer_us == {"fwd": 60.0} and "median of 2 machines" in ddp.source
-    assert fd.on("first").per_op_host_us("bf16") == {"fwd_us": 20.0}
+    assert fd.on("first").per_op_host_us("bf16") == {"fwd_us": 20.0, "fwd_view_us": 20.0}
     assert "machine first" in fd.on("first").host_extra("torch", "tp", "bf16", 2).source
     assert fd.on("first").host_extra("torch", "ddp", "bf16", 2).per_layer_us == {"fwd": 60.0}
     # the typical host of the others: mA left out
-    assert fd.without("mA").per_op_host_us("bf16") == {"fwd_us": 16.0}
-    assert fd.on("mA").per_op_host_us("bf16") == {"fwd_us": 8.0}
+    assert fd.without("mA").per_op_host_us("bf16") == {"fwd_us": 16.0, "fwd_view_us": 16.0}
+    assert fd.on("mA").per_op_host_us("bf16") == {"fwd_us": 8.0, "fwd_view_us": 8.0}
     assert fd.on("mA").host_extra("torch", "ddp", "bf16", 2).per_layer_us == {"fwd": 50.0}
     assert "machine mB" in fd.on("mB").host_extra("torch", "tp", "bf16", 2).source
     with pytest.raises(ValueError, match="no host measurements of machine"):

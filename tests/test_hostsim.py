@@ -59,3 +59,39 @@ def test_composed_maps_equal_the_simulation_of_the_concatenation(seed: int) -> N
     want = simulate(cat[0], cat[1], cat[2]).elapsed_us
     assert elapsed_us(m) == pytest.approx(want, rel=1e-12)
     assert elapsed_us(host_map(*cat)) == pytest.approx(want, rel=1e-12)
+
+
+def test_views_are_charged_their_own_host_cost() -> None:
+    """Operators that launch no kernel (source no-kernel, not a sync) take the view charge of their phase; a
+    synchronising read and every launching operator take the phase's charge; the optimizer's are one."""
+    from dataclasses import replace
+
+    from tp_query.engine.hostsim import HostModel
+    from tp_query.engine.lookup import Source
+    from tp_query.engine.segments import SOURCES, Segment
+
+    src = np.array([SOURCES.index(s) for s in (Source.EXACT, Source.NO_KERNEL, Source.NO_KERNEL, Source.NO_KERNEL,
+                                               Source.INTERPOLATED, Source.NO_KERNEL)])
+    seg = Segment(np.zeros(6), np.zeros(6), np.zeros(6), np.zeros(6, dtype=bool), np.array([0, 0, 1, 0, 1, 2]),
+                  np.array([0, 0, 0, 0, 0, 3.0]), np.array([False, False, False, True, False, False]), src)
+    host = HostModel(fwd_us=10.0, bwd_us=5.0, opt_us=7.0, fwd_view_us=2.0, bwd_view_us=1.0, per_tensor_us=0.5)
+    _, h = seg.times(host)
+    assert h.tolist() == [10.0, 2.0, 1.0, 10.0, 5.0, 7.0 + 1.5]
+    same = replace(host, fwd_view_us=10.0, bwd_view_us=5.0)
+    assert seg.times(same)[1].tolist() == [10.0, 10.0, 5.0, 10.0, 5.0, 8.5]
+
+
+def test_a_calibration_without_view_costs_charges_views_as_other_operators(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from tp_query.engine.hostsim import CalibrationError, HostModel
+
+    d = {"fwd_us": 11.0, "bwd_us": 4.0, "opt_us": 9.0, "per_tensor_us": 1.0, "per_iteration_us": 300.0, "beta": 0.5}
+    h = HostModel.from_dict(d, "old")
+    assert (h.fwd_view_us, h.bwd_view_us) == (11.0, 4.0)
+    assert HostModel.from_dict({**d, "fwd_view_us": 3.0}, "new").fwd_view_us == 3.0
+    with pytest.raises(CalibrationError, match="fwd_view_us"):
+        HostModel.from_dict({**d, "fwd_view_us": -1.0}, "bad")
+    p = Path(str(tmp_path)) / "c.json"
+    p.write_text(h.to_json())
+    assert HostModel.load(p) == h
