@@ -224,94 +224,129 @@ def _add_chains(model: Any, kind: str) -> None:
         layer.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _phase_times(kind: str, layers: int, setting: str, device: torch.device, iters: int) -> dict[str, float]:
-    """Median host-bound wall time of forward (with loss), backward and optimizer step, in us."""
-    import torch.nn.functional as F
+class _HostRun:
+    """One host-probe variant (kind, layer count, setting) kept built, so that rounds can interleave the
+    variants: a host's state drifts over a campaign (another tenant, clocks), and timing each variant in one
+    block put that drift into the slopes (one instance's plain forward took less time at 8 layers than at 6)."""
 
-    from .dist_validate import DistCase, _adamw, _apply_tp, _hf_model, _mesh
-    from .validate import tp_shard_config
+    def __init__(self, kind: str, layers: int, setting: str, device: torch.device) -> None:
+        from .dist_validate import DistCase, _adamw, _apply_tp, _hf_model, _mesh
+        from .validate import tp_shard_config
 
-    world = dist.get_world_size()
-    cfg = {**TINY, "num_hidden_layers": layers}
-    if kind == "plain_tp_shard":
-        cfg = tp_shard_config(cfg, world)
-    model = _hf_model(cfg, torch.float32 if setting.startswith("amp") else torch.bfloat16, device)
-    half = torch.float16 if setting == "amp_fp16" else torch.bfloat16
-    ac = torch.autocast("cuda", dtype=half) if setting.startswith("amp") else contextlib.nullcontext()
-    scaler = torch.amp.GradScaler("cuda") if setting == "amp_fp16" else None
-    dp, tp = (world, 1) if kind in ("ddp", "fsdp_z3", "fsdp_z2") else ((1, world) if kind.startswith("tp") else
-                                                                        (world, 1))
-    case = DistCase("probe", "torch", kind, "tiny", cfg, "bf16", dp, tp, 1)
-    mesh = _mesh(case, device)
-    loss_ctx: Any = None
-    if kind.startswith("tp"):
-        from torch.distributed.tensor.parallel import loss_parallel
+        world = dist.get_world_size()
+        cfg = {**TINY, "num_hidden_layers": layers}
+        if kind == "plain_tp_shard":
+            cfg = tp_shard_config(cfg, world)
+        model = _hf_model(cfg, torch.float32 if setting.startswith("amp") else torch.bfloat16, device)
+        half = torch.float16 if setting == "amp_fp16" else torch.bfloat16
+        self.ac = (lambda: torch.autocast("cuda", dtype=half)) if setting.startswith("amp") else contextlib.nullcontext
+        self.scaler = torch.amp.GradScaler("cuda") if setting == "amp_fp16" else None
+        dp, tp = (world, 1) if kind in ("ddp", "fsdp_z3", "fsdp_z2") else ((1, world) if kind.startswith("tp") else
+                                                                            (world, 1))
+        case = DistCase("probe", "torch", kind, "tiny", cfg, "bf16", dp, tp, 1)
+        mesh = _mesh(case, device)
+        self.loss_ctx: Any = None
+        if kind.startswith("tp"):
+            from torch.distributed.tensor.parallel import loss_parallel
 
-        _apply_tp(model, mesh["tp"], sp=kind == "tp_sp")
-        loss_ctx = loss_parallel
-    elif kind.startswith("fsdp"):
-        from torch.distributed.fsdp import fully_shard
+            _apply_tp(model, mesh["tp"], sp=kind == "tp_sp")
+            self.loss_ctx = loss_parallel
+        elif kind.startswith("fsdp"):
+            from torch.distributed.fsdp import fully_shard
 
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=kind == "fsdp_z3")
-        fully_shard(model, mesh=mesh["dp"], reshard_after_forward=kind == "fsdp_z3")
-    elif kind in CHAIN_KINDS:
-        _add_chains(model, kind)
-    elif kind == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=kind == "fsdp_z3")
+            fully_shard(model, mesh=mesh["dp"], reshard_after_forward=kind == "fsdp_z3")
+        elif kind in CHAIN_KINDS:
+            _add_chains(model, kind)
+        elif kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = DDP(model, device_ids=[device.index], process_group=mesh["dp"].get_group())
-    opt = _adamw(list(model.parameters()), device)
-    ids = torch.randint(0, int(TINY["vocab_size"]) // (world if kind == "plain_tp_shard" else 1), (1, 32),
-                        device=device)
-    pos = torch.arange(32, device=device).unsqueeze(0)
-    samples: dict[str, list[float]] = {"fwd": [], "bwd": [], "opt": []}
-    counter = _OpCount()
-    for i in range(iters + 4):
-        counting = i == iters + 3  # one last iteration counts the aten operators of each phase
-        if counting:
+            model = DDP(model, device_ids=[device.index], process_group=mesh["dp"].get_group())
+        self.model = model
+        self.opt = _adamw(list(model.parameters()), device)
+        self.ids = torch.randint(0, int(TINY["vocab_size"]) // (world if kind == "plain_tp_shard" else 1), (1, 32),
+                                 device=device)
+        self.pos = torch.arange(32, device=device).unsqueeze(0)
+        self.samples: dict[str, list[float]] = {"fwd": [], "bwd": [], "opt": []}
+        self.counts: dict[str, float] = {}
+
+    def step(self, keep: bool, counter: _OpCount | None = None) -> None:
+        """One iteration, each phase timed to the GPU's end (kept when `keep`); with `counter`, its operators
+        counted per phase instead."""
+        import torch.nn.functional as F
+
+        if counter is not None:
             counter.__enter__()
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
-        with ac:
-            logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
-        if loss_ctx is not None:
-            with loss_ctx():
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
-        else:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
+        with self.ac():
+            logits = self.model(input_ids=self.ids, position_ids=self.pos, use_cache=False).logits
+        with self.loss_ctx() if self.loss_ctx is not None else contextlib.nullcontext():
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), self.ids.flatten())
         torch.cuda.synchronize()
         t1 = time.perf_counter()
-        counter.phase = "bwd"
-        if loss_ctx is not None:
-            with loss_ctx():
+        if counter is not None:
+            counter.phase = "bwd"
+        if self.loss_ctx is not None:
+            with self.loss_ctx():
                 loss.backward()
-        elif scaler is not None:
-            scaler.scale(loss).backward()
+        elif self.scaler is not None:
+            self.scaler.scale(loss).backward()
         else:
             loss.backward()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
-        counter.phase = "opt"
-        if scaler is not None:
-            scaler.step(opt)
-            scaler.update()
+        if counter is not None:
+            counter.phase = "opt"
+        if self.scaler is not None:
+            self.scaler.step(self.opt)
+            self.scaler.update()
         else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         t3 = time.perf_counter()
-        counter.phase = "fwd"
-        if counting:
+        if counter is not None:
             counter.__exit__(None, None, None)
-        elif i >= 3:
-            samples["fwd"].append((t1 - t0) * 1e6)
-            samples["bwd"].append((t2 - t1) * 1e6)
-            samples["opt"].append((t3 - t2) * 1e6)
-    out = {k: statistics.median(v) for k, v in samples.items()}
-    out.update({f"{k}_ops": float(v) for k, v in counter.counts.items()})
-    out.update({f"{k}_views": float(v) for k, v in counter.views.items()})
+            self.counts = {**{f"{k}_ops": float(v) for k, v in counter.counts.items()},
+                           **{f"{k}_views": float(v) for k, v in counter.views.items()}}
+        elif keep:
+            self.samples["fwd"].append((t1 - t0) * 1e6)
+            self.samples["bwd"].append((t2 - t1) * 1e6)
+            self.samples["opt"].append((t3 - t2) * 1e6)
+
+    def result(self) -> dict[str, float]:
+        """Median host-bound wall time of forward (with loss), backward and optimizer step (us), and the
+        operators of each phase (all, and those that launch no kernel)."""
+        return {**{k: statistics.median(v) for k, v in self.samples.items()}, **self.counts}
+
+
+HOST_ROUNDS = 8  # each variant's timed iterations are spread over this many interleaved rounds
+
+
+def _phase_times_interleaved(variants: list[tuple[str, int]], setting: str, device: torch.device, iters: int
+                             ) -> dict[tuple[str, int], dict[str, float]]:
+    """Every variant built first, warmed up and its operators counted; then `iters` timed iterations each, in
+    HOST_ROUNDS rounds that visit the variants in turn (alternating direction), so slow spells of the host fall
+    on all of them alike."""
+    runs = {}
+    for v in variants:
+        if dist.get_rank() == 0:
+            print(f"[host] {setting} {v[0]} L{v[1]}", flush=True)
+        r = runs[v] = _HostRun(*v, setting, device)
+        for _ in range(3):
+            r.step(keep=False)
+        r.step(keep=False, counter=_OpCount())
+    per_round = max(1, -(-iters // HOST_ROUNDS))
+    for rnd in range(HOST_ROUNDS):
+        for v in variants if rnd % 2 == 0 else variants[::-1]:
+            for _ in range(per_round):
+                runs[v].step(keep=True)
+    out = {v: r.result() for v, r in runs.items()}
+    del runs
+    torch.cuda.empty_cache()
     return out
 
 
@@ -398,13 +433,10 @@ def _host_rows(device: torch.device, prov: Any, setting: str, iters: int,
     world = dist.get_world_size()
     kinds = _with_bases(kinds)
     times: dict[tuple[str, int], dict[str, float]] = {}
-    for kind in kinds:
-        for layers in LAYER_COUNTS:
-            if dist.get_rank() == 0:
-                print(f"[host] {setting} {kind} L{layers}", flush=True)
-            t = _phase_times(kind, layers, setting, device, iters)
-            names = ("fwd", "bwd", "opt", "fwd_ops", "bwd_ops", "opt_ops", "fwd_views", "bwd_views", "opt_views")
-            times[(kind, layers)] = dict(zip(names, _max_over_ranks(*(t[k] for k in names)), strict=True))
+    measured = _phase_times_interleaved([(k, n) for k in kinds for n in LAYER_COUNTS], setting, device, iters)
+    names = ("fwd", "bwd", "opt", "fwd_ops", "bwd_ops", "opt_ops", "fwd_views", "bwd_views", "opt_views")
+    for variant, t in measured.items():
+        times[variant] = dict(zip(names, _max_over_ranks(*(t[k] for k in names)), strict=True))
     rows = []
     xs = [float(n) for n in LAYER_COUNTS]
     for kind in kinds:
