@@ -39,7 +39,7 @@ from tp_query.engine.trace.torchargs import torch_dtype
 from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.tables import VALIDATION_SCHEMA
 
-from .device import Device, machine_id
+from .device import Device, cpu_model, machine_id
 from .hf_stages import PipeStage, autocast_for
 from .store import ChunkedStore
 from .timing import quantile
@@ -581,7 +581,8 @@ def _row(case: DistCase, per_rank: list[dict[str, Any]] | None, status: str, rea
             "iteration_ms": None, "p20_ms": None, "p80_ms": None, "iterations": 0, "samples_ms": [],
             "peak_allocated_bytes": None, "peak_reserved_bytes": None, "rank_json": None, "kernel_ms": None,
             "kernel_breakdown_json": None, "sm_clock_mhz": sm_mhz,
-            "measured_at": dt.datetime.now(dt.UTC).replace(microsecond=0), **dataclasses.asdict(prov)}
+            "measured_at": dt.datetime.now(dt.UTC).replace(microsecond=0), **dataclasses.asdict(prov),
+            "machine": machine_id(), "cpu": cpu_model()}
     if per_rank:
         medians = [r["median_ms"] for r in per_rank]
         slow = max(range(len(per_rank)), key=lambda i: medians[i])

@@ -31,7 +31,7 @@ from tp_query.schema.messages import first_line
 from tp_query.schema.precision import SETTINGS, Setting
 from tp_query.schema.tables import OPLOG_SCHEMA, VALIDATION_SCHEMA
 
-from .device import Device
+from .device import Device, cpu_model, machine_id
 from .hf_stages import PipeStage
 from .store import ChunkedStore, write_table
 from .timing import quantile
@@ -694,7 +694,7 @@ def run_validation(cases: list[Case], folder: Path, device: Device, budget_s: fl
                "optimizer": c.optimizer, "tp_shard": c.tp_shard, "split": c.split, "accum": c.accum,
                "pp": c.pp if c.pp_stage else None, "pp_stage": c.pp_stage or None, **res,
                "sm_clock_mhz": clk.sm_mhz, "measured_at": dt.datetime.now(dt.UTC).replace(microsecond=0),
-               **dataclasses.asdict(prov)}
+               **dataclasses.asdict(prov), "machine": machine_id(), "cpu": cpu_model()}
         store.append(row)
         store.flush()
         n += 1

@@ -11,6 +11,7 @@ framework (data/<gpu>/framework/).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import itertools
 import math
@@ -78,6 +79,12 @@ class Interference:
         return pts[-1][1], pts[-1][2]
 
 
+def utc_time(at: Any) -> dt.datetime:
+    """A timestamp as an aware UTC datetime (rows carry datetimes; a snapshot's rows ISO text)."""
+    t = at if isinstance(at, dt.datetime) else dt.datetime.fromisoformat(str(at))
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
+
+
 FIRST_MACHINE = "first"  # host rows written before instances were told apart (one instance's)
 TYPICAL_HOST = "typical"  # not an instance: each host cost is the median over the measured instances
 FSDP_COPY_KIND = "fsdp_copy"  # collector.dist_probe.copies_campaign
@@ -110,6 +117,7 @@ class FrameworkData:
     # host rows by (framework, kind, setting, phase, quantity), shared by the views of one table
     _index: dict[tuple[str, str, str, str, str], list[dict[str, Any]]] | None = field(default=None, repr=False)
     _machines: list[str] | None = field(default=None, repr=False)
+    _named_since: tuple[dt.datetime | None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self._index is not None:  # a view of tables already split and indexed (`on`): nothing to redo
@@ -138,6 +146,14 @@ class FrameworkData:
         if self._machines is None:
             self._machines = sorted({r.get("machine") or FIRST_MACHINE for r in self.host if r.get("status") == "ok"})
         return self._machines
+
+    def instances_named_since(self) -> dt.datetime | None:
+        """When host rows began to name their instance (the earliest such row's time; None: none does). A run
+        measured since on an instance it does not name ran on one of unknown host speed, not the first one."""
+        if self._named_since is None:
+            ts = [utc_time(r["measured_at"]) for r in self.host if r.get("machine") and r.get("measured_at") is not None]
+            self._named_since = (min(ts),) if ts else (None,)
+        return self._named_since[0]
 
     def fsdp_copy_us(self, phase: str, unit_bytes: float, itemsize: int, ranks: int) -> float | None:
         """FSDP2's copy kernel `phase` (copy_in: the rank's shards into the all-gather input; copy_out: the

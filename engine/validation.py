@@ -24,7 +24,7 @@ from tp_query.schema.model_config import ConfigError, family_label, parse_config
 from tp_query.schema.precision import Setting
 from tp_query.schema.tables import METADATA_KEY
 
-from .framework import FIRST_MACHINE
+from .framework import FIRST_MACHINE, utc_time
 from .hostsim import CALIBRATION_MAX_US, HostModel
 from .parallel import ParallelConfig, PlanError
 from .predict import Engine, PredictError, PredictRequest
@@ -123,11 +123,11 @@ def _latest_rows(files: list[str], gpu: str | None = None) -> list[dict[str, Any
 def load_rows(root: Path, gpu: str | None = None) -> list[dict[str, Any]]:
     """The latest row of every case, then the cases measured again as samples of other machine instances
     (<root>/machines/<id>/, `dist-validate --machine-sample`) as cases of their own, `<case>@<id>`, each
-    predicted with its instance's measured host costs. Rows of the main folder carry machine None: they
-    were measured before instances were told apart."""
+    predicted with its instance's measured host costs. Rows of the main folder carry the instance they ran on
+    where the collector recorded it (None before it did)."""
     out = _latest_rows(sorted(glob.glob(str(root / "validation-*.parquet"))), gpu)  # validation-dist-* included
     for r in out:
-        r["machine"] = None
+        r["machine"] = r.get("machine") or None
     for d in sorted(p for p in (root / "machines").glob("*") if p.is_dir()):
         for r in _latest_rows(sorted(glob.glob(str(d / "validation-*.parquet"))), gpu):
             out.append({**r, "case_id": f"{r['case_id']}@{d.name}", "machine": d.name})
@@ -217,11 +217,15 @@ class Study:
             self.cases.append(c)
 
     def _host_machine(self, row: dict[str, Any]) -> str | None:
-        """The instance whose host costs predict this run: its own where measured; rows from before instances
-        were told apart, those of that period (FIRST_MACHINE); otherwise the typical host (the median over
-        instances)."""
-        have = self.engine.framework.machines()
-        want = row.get("machine") or FIRST_MACHINE
+        """The instance whose host costs predict this run: its own where measured; a run that names none and was
+        measured before instances were told apart, that period's (FIRST_MACHINE); one that names none measured
+        since (an instance nobody recorded), and any other, the typical host (the median over instances)."""
+        fw = self.engine.framework
+        have = fw.machines()
+        want = row.get("machine")
+        if not want:
+            since, at = fw.instances_named_since(), row.get("measured_at")
+            want = None if since is not None and at is not None and utc_time(at) >= since else FIRST_MACHINE
         return want if want in have else None
 
     def _time(self, asm: Any, c: CaseResult, host: HostModel) -> float:
@@ -532,7 +536,8 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
             "the rest as the database's calibration.json gives them (not fitted by this report): " if has_calibration
             else "the rest the engine's fixed defaults (the database has no calibration.json; not fitted): ")
     per_op = (f"per-operator forward, backward and optimizer host costs measured on host-bound runs "
-              f"({database_dir.rstrip('/')}/framework/, not fitted); " if instances else
+              f"({database_dir.rstrip('/')}/framework/, not fitted; an operator that launches no kernel charged apart "
+              f"from one that does where the chain probe ran); " if instances else
               f"per-operator host costs the engine's fixed defaults (forward {host.fwd_us:g}, backward {host.bwd_us:g}, "
               f"optimizer {host.opt_us:g} us: no host of this GPU was probed); ")
     L = ["# Validation: predictions against measured training iterations", "",
@@ -543,7 +548,7 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
          "Each case is a real HuggingFace training iteration (forward with labels, loss, backward, AdamW step, "
          "zero_grad; GradScaler under amp_fp16) timed with CUDA events over iterations after warm-up.", "",
          "Host model: " + per_op + rest
-         + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items() if k not in ("fwd_us", "bwd_us", "opt_us")),
+         + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items() if k not in ("fwd_us", "bwd_us", "opt_us", "fwd_view_us", "bwd_view_us")),
          *([] if campaigns else ["", "This database holds no campaign of any case's operator calls (the generic grid "
                                  "alone): every run is held out, those the reference GPU calibrates on included."]),
          "", "## Summary", "",

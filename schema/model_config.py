@@ -54,7 +54,8 @@ VALIDATED_MODEL_TYPES = frozenset({"olmo2", "granite", "gemma", "gpt_oss", "star
                                    "olmoe", "deepseek_v2", "deepseek_v3", "llama4_text", "glm4", "exaone4",
                                    "seed_oss", "apertus", "arcee", "ernie4_5", "cohere2", "falcon", "olmo3", "phi",
                                    "stablelm", "ministral3", "granitemoe", "exaone_moe", "helium", "phimoe",
-                                   "gemma4_text", "afmoe"})
+                                   "gemma4_text", "afmoe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+                                   "olmo_hybrid"})
 
 
 class Builder(StrEnum):

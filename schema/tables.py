@@ -124,6 +124,9 @@ VALIDATION_SCHEMA = pa.schema(
         pa.field("measured_at", pa.timestamp("ms", tz="UTC")),
     ]
     + PROVENANCE_FIELDS
+    # the machine instance the run was measured on (collector.device.machine_id) and its CPU: its own host costs
+    # predict it. Runs written before these columns read them as null (engine.validation says which host then).
+    + [pa.field("machine", pa.string()), pa.field("cpu", pa.string())]
 )
 
 OPLOG_SCHEMA = pa.schema(

@@ -109,3 +109,33 @@ def test_calibration_fits_only_runs_with_their_own_host_costs() -> None:
 
     assert study.errors(HostModel(), "calibration") == [math.log(1.1)]
     assert sorted(study.errors(HostModel(), None)) == sorted([math.log(1.1), math.log(2.0), math.log(0.9)])
+
+
+def test_a_run_is_predicted_with_the_host_it_ran_on() -> None:
+    """A run that names its instance takes that instance's host costs; one that names none was measured on the
+    first instance only if it predates the instances being told apart; after that its instance is unknown (the
+    typical host), not the first one's (a slow host's costs had priced 13 runs of another instance +30-55%)."""
+    from types import SimpleNamespace
+
+    from tp_query.engine.framework import FIRST_MACHINE, FrameworkData
+    from tp_query.engine.validation import Study
+
+    def host(machine: str | None, day: int) -> dict[str, object]:
+        return {"framework": "torch", "kind": "plain", "setting": "bf16", "phase": "fwd", "quantity": "per_op_us",
+                "value_us": 10.0, "ranks": 1, "status": "ok", "machine": machine,
+                "measured_at": dt.datetime(2026, 6, day, tzinfo=dt.UTC)}
+
+    fd = FrameworkData([], [host(None, 1), host("mA", 10), host("mB", 20)])
+    assert fd.instances_named_since() == dt.datetime(2026, 6, 10, tzinfo=dt.UTC)
+    study = Study.__new__(Study)
+    study.engine = SimpleNamespace(framework=fd)  # type: ignore[assignment]
+
+    def at(day: int, machine: str | None = None) -> str | None:
+        return study._host_machine({"machine": machine, "measured_at": dt.datetime(2026, 6, day, tzinfo=dt.UTC)})
+
+    assert at(5) == FIRST_MACHINE and at(15) is None  # before any instance was named / after: unknown
+    assert at(15, "mB") == "mB" and at(2, "mA") == "mA"
+    assert at(15, "mZ") is None  # an instance without host measurements: the typical host
+    # a snapshot's rows carry ISO text
+    fd_text = FrameworkData([], [{**host("mA", 10), "measured_at": "2026-06-10T00:00:00+00:00"}])
+    assert fd_text.instances_named_since() == dt.datetime(2026, 6, 10, tzinfo=dt.UTC)
