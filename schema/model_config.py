@@ -695,8 +695,10 @@ ROPE_DEPTH_KEYS = ("no_rope_layers", "no_rope_layer_interval")
 GATED_DELTA_NOTE = ("linear-attention layers (the gated delta rule) are priced as transformers' torch fallback runs "
                     "them, chunk by chunk (flash-linear-attention and causal-conv1d not installed, as on the measured "
                     "machines); with those packages their fused kernels run instead, which is not modelled; measured "
-                    "on an H100 (10 runs of four such models) the step was OVER-predicted by 21-36%: the host time of "
-                    "the fallback's view-heavy loops is over-counted")
+                    "over four such models (Qwen3-Next, Qwen3.5 dense and MoE, OLMo-Hybrid), the step came within "
+                    "9.8% on an H200 (13 runs, -26% to +9%: under autocast the MoE and OLMo-Hybrid steps are "
+                    "under-predicted) and was OVER-predicted by 8-18% on an H100 (10 runs): the host time of the "
+                    "fallback's loops is their step's largest uncertainty")
 
 
 def _int_list(name: str, v: Any, n: int) -> list[int]:
