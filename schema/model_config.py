@@ -697,8 +697,8 @@ GATED_DELTA_NOTE = ("linear-attention layers (the gated delta rule) are priced a
                     "machines); with those packages their fused kernels run instead, which is not modelled; measured "
                     "over four such models (Qwen3-Next, Qwen3.5 dense and MoE, OLMo-Hybrid), the step came within "
                     "9.8% on an H200 (13 runs, -26% to +9%: under autocast the MoE and OLMo-Hybrid steps are "
-                    "under-predicted) and was OVER-predicted by 8-18% on an H100 (10 runs): the host time of the "
-                    "fallback's loops is their step's largest uncertainty")
+                    "under-predicted) and was OVER-predicted by 12-28% on an H100 (10 runs, the typical host): the host "
+                    "time of the fallback's loops is their step's largest uncertainty")
 
 
 def _int_list(name: str, v: Any, n: int) -> list[int]:
