@@ -52,8 +52,16 @@ def sha256_file(path: Path) -> str:
 
 
 def tracked_files(root: Path) -> list[str]:
-    """The files of a database root that the manifest covers, as relative POSIX paths."""
-    out = [f"{d}/{p.name}" for d in TABLE_DIRS for p in sorted((root / d).glob("*.parquet"))]
+    """The files of a database root that the manifest covers, as relative POSIX paths (names sorted as strings:
+    sorting thousands of Path objects took half a second of a 100-stack database's predict)."""
+    out: list[str] = []
+    for d in TABLE_DIRS:
+        try:
+            with os.scandir(root / d) as it:
+                names = sorted(e.name for e in it if e.name.endswith(".parquet"))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        out += [f"{d}/{n}" for n in names]
     out += [n for n in TOP_FILES if (root / n).is_file()]
     return out
 
@@ -146,15 +154,15 @@ def verify_stamped(root: Path, gpu: str, before: dict[str, Any]) -> tuple[int, d
     files: dict[str, Any] = m["files"]
     present = tracked_files(root)
     after: dict[str, Any] = {}
+    base = str(root)
     for rel in present:
         e = files.get(rel)
         if e is None:
             raise ManifestError(f"{root / rel}: not in the manifest (a foreign or unrecorded file)")
-        f = root / rel
-        st = f.stat()
+        st = os.stat(os.path.join(base, rel))  # (a string path: a Path per file cost more than the stat)
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, e.get("sha256")]
         if before.get(rel) != stamp or st.st_size != e.get("bytes"):
-            if st.st_size != e.get("bytes") or sha256_file(f) != e.get("sha256"):
+            if st.st_size != e.get("bytes") or sha256_file(root / rel) != e.get("sha256"):
                 raise ManifestError(f"{root / rel}: checksum mismatch (the file changed since it was recorded)")
         after[rel] = stamp
     missing = sorted(set(files) - set(present))
