@@ -322,11 +322,11 @@ class FrameworkData:
                 lv = (la["per_layer_ops"][m] - la["per_layer_views"][m]) - (v["per_layer_ops"][m] - v["per_layer_views"][m])
                 vv = v["per_layer_views"][m] - la["per_layer_views"][m]
                 n = (lv + vv) / 2  # operators that launch in one chain and are views in the other
-                dt = la["per_layer_us"][m] - v["per_layer_us"][m]
+                gap_us = la["per_layer_us"][m] - v["per_layer_us"][m]
             except KeyError:
                 continue
             if n > 0 and mean > 0:
-                fracs[m] = dt / n / mean
+                fracs[m] = gap_us / n / mean
         got: dict[str, float] = {}
         if fracs and shares:
             got = {"f": fracs[self.chosen] if self.chosen in fracs else statistics.median(fracs.values()),
