@@ -193,8 +193,8 @@ TINY: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "ll
         "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
         "vocab_size": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 1024}
 HOST_KINDS = ("plain", "plain_tp_shard", "ddp", "fsdp_z3", "fsdp_z2", "tp", "tp_sp", "chain_views", "chain_launches")
-# The plain model with a chain of operators added to each decoder layer's input: metadata-only views (view,
-# transpose, unsqueeze, squeeze; their gradients are views too) or kernel-launching pointwise ones (mul, neg; theirs
+# The plain model with a chain of operators added to each decoder layer's input: metadata-only views (view and
+# transpose; their gradients are views too) or kernel-launching pointwise ones (mul, neg; theirs
 # launch too), CHAIN_OPS of them, issued by the same Python loop. The two kinds' per-layer slopes differ only in
 # what a launching operator costs the host beyond a view: dispatch to a CUDA kernel, its allocation and launch.
 CHAIN_KINDS = ("chain_views", "chain_launches")
