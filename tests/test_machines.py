@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from tp_query.collector.dist_probe import _fit_line
 from tp_query.collector.store import ChunkedStore, read_columns
 from tp_query.engine.validation import load_rows
@@ -139,3 +140,22 @@ def test_a_run_is_predicted_with_the_host_it_ran_on() -> None:
     # a snapshot's rows carry ISO text
     fd_text = FrameworkData([], [{**host("mA", 10), "measured_at": "2026-06-10T00:00:00+00:00"}])
     assert fd_text.instances_named_since() == dt.datetime(2026, 6, 10, tzinfo=dt.UTC)
+
+
+def test_a_validation_run_records_the_instance_it_ran_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector writes each run's machine instance and CPU beside it, and the report reads it back: the run
+    is then predicted with its own host's costs, not the typical host's."""
+    from types import SimpleNamespace
+
+    from tp_query.collector import validate as cv
+    from tp_query.collector.device import cpu_model, machine_id
+
+    row = _val_row("x", 10.0)
+    measured = {k: row[k] for k in ("status", "reason", "iteration_ms", "samples_ms", "iterations")}
+    monkeypatch.setattr(cv, "run_case", lambda case, device: dict(measured))
+    case = cv.default_type_cases()[0]
+    device = SimpleNamespace(provenance=lambda: PROV, clocks=lambda: SimpleNamespace(sm_mhz=1980))
+    assert cv.run_validation([case], tmp_path, device) == 1  # type: ignore[arg-type]
+    (got,) = load_rows(tmp_path)
+    assert got["case_id"] == case.case_id and got["iteration_ms"] == 10.0
+    assert got["machine"] == machine_id() and got["cpu"] == cpu_model() and got["machine"]
