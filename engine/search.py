@@ -486,7 +486,10 @@ def _megatron_model_args(spec: ModelSpec, seq_len: int, rope_factor: float | Non
     # validate_args: max_position_embeddings >= seq_length (RoPE computes the positions it is given)
     positions = max(spec.max_position_embeddings, seq_len)
     scaling = ["--use-rope-scaling"] if spec.rope_type == "llama3" else []
-    if scaling and rope_factor is not None:
+    if scaling:  # never Megatron-LM's default factor (8) in place of the config's
+        if rope_factor is None:
+            raise SearchError("a Llama-3 RoPE config's line needs its scaling factor: pass rope_factor="
+                              "rope_scaling_factor(config) (Megatron-LM would take its default, 8)")
         scaling.append(f"--rope-scaling-factor {rope_factor:g}")
     a = [f"--num-layers {spec.num_layers}", f"--hidden-size {spec.hidden_size}",
          f"--num-attention-heads {spec.num_heads}", f"--max-position-embeddings {positions}",

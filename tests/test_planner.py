@@ -507,6 +507,11 @@ def test_launch_lines_start_what_was_priced_and_tp_groups_stay_inside_nodes(cpu_
     one = line(2, 1, 256)
     assert one.splitlines()[-1].startswith("CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes 1 ")
     assert "--max-position-embeddings 256 " in one and "--use-rope-scaling --rope-scaling-factor 32 " in one
+    from tp_query.engine.search import SearchError
+    o = Outcome(Candidate(Setting.MP_BF16, ParallelConfig(tp=2, framework="megatron", global_batch=2)), 10.0, 1.0,
+                1.0, True)
+    with pytest.raises(SearchError, match="scaling factor"):  # not Megatron-LM's default in its place
+        launch_command(o, "megatron", "m.json", 256, spec=spec)
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in line(1, 2, 64) and "--max-position-embeddings 128 " in line(1, 2, 64)
     multi = line(2, 8, 64)
     assert "--nnodes 2 --nproc-per-node 8 --node-rank $NODE_RANK --master-addr $MASTER_ADDR" in multi
