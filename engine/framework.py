@@ -260,14 +260,13 @@ class FrameworkData:
             return dict(self._per_op[setting])
         out: dict[str, float] = {}
         for phase in ("fwd", "bwd", "opt"):
-            rows = self._host_rows([r for r in self._indexed("torch", lambda k: k.startswith("plain"), setting, phase,
-                                                             "per_op_us") if r["value_us"] > 0])
-            if rows:
-                out[f"{phase}_us"] = self._median_over_machines(rows)
+            mean = self.mean_op_host_us(setting, phase)
+            if not math.isnan(mean):
+                out[f"{phase}_us"] = mean
         for phase in ("fwd", "bwd"):  # a view's host cost and a launching operator's, their mean kept
-            mean = out.get(f"{phase}_us")
-            if mean is None:
+            if f"{phase}_us" not in out:
                 continue
+            mean = out[f"{phase}_us"]
             split = self.launch_split(setting, phase)
             if split is None:
                 out[f"{phase}_view_us"] = mean
