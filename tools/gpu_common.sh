@@ -22,3 +22,9 @@ ship() {  # ship NAME: changed and new files under data/ -> $OUT/NAME.tgz (delet
   tar czf "$OUT/$1.tgz" -T /tmp/ship.txt && wc -l < /tmp/ship.txt
   return "$FAILED"
 }
+
+gpu_kind() {  # h200 or h100 from the first GPU's name (a call for nvidia-h200 may land on an H100); else exit 3
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+    *H200*) echo h200 ;; *H100*) echo h100 ;; *) echo "neither an H200 nor an H100" >&2; return 3 ;;
+  esac
+}

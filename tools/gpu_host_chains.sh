@@ -8,9 +8,7 @@
 set -u
 source tools/gpu_common.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
-case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
-  *H200*) GPU=h200 ;; *H100*) GPU=h100 ;; *) echo "neither an H200 nor an H100"; exit 3 ;;
-esac
+GPU=$(gpu_kind) || exit 3
 lscpu | grep -E "Model name|^CPU\(s\)" | head -2
 timeout ${HOST_S:-240} torchrun --nproc-per-node 1 -m tp_query.collector dist-probe --gpu $GPU --what host \
   --host-kinds plain,chain_views,chain_launches 2>&1 | grep -v Warning | grep -E "chain|plain .*per_(op|layer)|error|Error" | tail -40

@@ -4,9 +4,7 @@
 # tools/linear_attention_sigs.py), into this GPU's database (resumable: a rerun measures what is left). One tarball.
 set -u
 source tools/gpu_common.sh
-case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
-  *H200*) GPU=h200 ;; *H100*) GPU=h100 ;; *) echo "neither an H200 nor an H100"; exit 3 ;;
-esac
+GPU=$(gpu_kind) || exit 3
 timeout ${COLLECT_S:-200} python3 -m tp_query.collector collect --gpu $GPU --out data/$GPU/ops \
   --sigs data/h200/campaigns/linear-attention.jsonl --budget-s $(( ${COLLECT_S:-200} - 25 )) --quiet 2>&1 | tail -8
 ship la-collect-$GPU

@@ -9,9 +9,7 @@
 set -u
 source tools/gpu_common.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
-case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
-  *H200*) GPU=h200 ;; *H100*) GPU=h100 ;; *) echo "neither an H200 nor an H100"; exit 3 ;;
-esac
+GPU=$(gpu_kind) || exit 3
 python3 -c "import importlib.util as u; print('fla:', u.find_spec('fla'), 'causal_conv1d:', u.find_spec('causal_conv1d'))"
 S="mb1-s4096"
 ONLY="qwen3_5_text-default-L4-$S-bf16,olmo_hybrid-default-L4-$S-bf16,qwen3_5_moe_text-default-L4-$S-bf16"
