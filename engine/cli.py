@@ -883,8 +883,12 @@ def report(
         rows = load_rows(folder, eng.gpu.name)
         if not rows:
             raise UserError(f"no validation measurements under {folder} (run `make validate` on a GPU)")
-        campaigns = eng.db.has_campaigns()
-        if not campaigns:  # a calibration case is one whose exact calls the database measured: here none is
+        from tp_query.schema.tables import CALIBRATION_CAMPAIGN, FAMILIES_CAMPAIGN
+
+        # a calibration case is one whose exact calls the database measured (the calibration campaign); a database
+        # without that campaign (another GPU's, gap-filling campaigns at other lengths aside) holds none
+        calibrated = eng.db.has_campaign(CALIBRATION_CAMPAIGN)
+        if not calibrated:
             rows = [{**r, "split": "holdout"} if r["split"] == "calibration" else r for r in rows]
         with _Status(f"assembling {len(rows)} validation cases (traces each new one: minutes)"):
             study = Study(eng, rows)
@@ -920,7 +924,8 @@ def report(
                                       fitted=fitted, validation_dir=f"{folder.as_posix().rstrip('/')}/",
                                       database_dir=_shown_path(Path(db or default_root()) / key),
                                       has_calibration=not eng.calibration_source.startswith("default"),
-                                      campaigns=campaigns))
+                                      calibrated=calibrated,
+                                      families_campaign=eng.db.has_campaign(FAMILIES_CAMPAIGN)))
         out_json.write_text(json.dumps(
             {"summary": summ, "host_model": dataclasses.asdict(host),
              "cases": [{**dataclasses.asdict(c), "ape": c.ape} for c in study.cases]}, indent=1, default=str))

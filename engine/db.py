@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from tp_query.schema import manifest
 from tp_query.schema.gpus import GPUS
 from tp_query.schema.messages import first_line
-from tp_query.schema.tables import GRID_CAMPAIGN, METADATA_KEY, SCHEMA_VERSION, schema_refusal
+from tp_query.schema.tables import METADATA_KEY, SCHEMA_VERSION, schema_refusal
 
 from .dbcache import DB_ENV, DatabaseError, default_root, is_remote  # noqa: F401 - part of this module's interface
 
@@ -447,10 +447,11 @@ class Database:
         cols = ", ".join(columns)
         return _arrow(self.con, f"SELECT {cols} FROM ops_ok WHERE family = ?", [family]).to_pylist()
 
-    def has_campaigns(self) -> bool:
-        """Whether any point was measured by a campaign of traced models' exact calls, not the generic grid alone
-        (another GPU's fresh database has none: no case of its runs is a calibration shape)."""
-        row = self.con.execute("SELECT count(*) FROM ops_ok WHERE campaign <> ?", [GRID_CAMPAIGN]).fetchone()
+    def has_campaign(self, name: str) -> bool:
+        """Whether any point was measured by the named campaign (CALIBRATION_CAMPAIGN: the calibration cases' own
+        calls; another GPU's database may hold gap-filling campaigns without it, and then no case of its runs is a
+        calibration shape)."""
+        row = self.con.execute("SELECT count(*) FROM ops_ok WHERE campaign = ?", [name]).fetchone()
         return bool(row and row[0])
 
     def info(self) -> DbInfo:

@@ -287,8 +287,8 @@ class DbSnapshot:
     def info(self) -> Any:
         return self.database.info()
 
-    def has_campaigns(self) -> bool:
-        return self.database.has_campaigns()  # type: ignore[no-any-return]
+    def has_campaign(self, name: str) -> bool:
+        return self.database.has_campaign(name)  # type: ignore[no-any-return]
 
 
 def _well_formed(name: str, value: Any) -> bool:

@@ -436,9 +436,10 @@ def dist_markdown(cases: list[CaseResult]) -> list[str]:
     return L
 
 
-def family_markdown(cases: list[CaseResult], campaigns: bool = True) -> list[str]:
-    """One-GPU errors per family of the spec registry (time and peak memory); campaigns: whether the database holds
-    the families' campaign (the reference GPU's does; another GPU's generic grid alone prices them)."""
+def family_markdown(cases: list[CaseResult], families_campaign: bool = True) -> list[str]:
+    """One-GPU errors per family of the spec registry (time and peak memory); families_campaign: whether the database
+    holds the families' campaign (the reference GPU's does; elsewhere the generic grid prices them, with whatever
+    gap-filling campaigns that database holds)."""
     def pct(x: float) -> str:
         return "n/a" if x != x else f"{100 * x:.1f}%"
 
@@ -451,8 +452,8 @@ def family_markdown(cases: list[CaseResult], campaigns: bool = True) -> list[str
          "fitted constant, and " + (
              "their operator calls were profiled at other sequence lengths than the cases "
              "(data/h200/campaigns/families.jsonl: half and twice each case's), so their shapes are interpolated. "
-             if campaigns else "this database holds no campaign of any model's calls: the generic grid alone prices "
-             "every case. ") + "Model types the spec registry does not list (gemma, gpt_oss, granite, olmo2, starcoder2: built as "
+             if families_campaign else "this database holds no campaign of the families' calls: the generic grid prices "
+             "every case (with the database's gap-filling campaigns at other lengths, if any). ") + "Model types the spec registry does not list (gemma, gpt_oss, granite, olmo2, starcoder2: built as "
          "transformers builds them, `ArchFamily.TRANSFORMERS`) were measured after that path was written, with "
          "no campaign of their operator calls: the generic grid alone prices them. "
          "MoE cases assume balanced routing (random-weight routers are close to it).", "",
@@ -527,7 +528,8 @@ def instance_markdown(cases: list[CaseResult], instances: list[dict[str, Any]]) 
 def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, Any], plot_file: str,
                     provenance: dict[str, Any], instances: list[dict[str, Any]] | None = None, *,
                     fitted: bool = True, validation_dir: str = "data/validation/",
-                    database_dir: str = "data/h200/", has_calibration: bool = True, campaigns: bool = True) -> str:
+                    database_dir: str = "data/h200/", has_calibration: bool = True, calibrated: bool = True,
+                    families_campaign: bool = True) -> str:
     def pct(x: float) -> str:
         return "n/a" if x != x else f"{100 * x:.1f}%"
 
@@ -549,8 +551,9 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
          "zero_grad; GradScaler under amp_fp16) timed with CUDA events over iterations after warm-up.", "",
          "Host model: " + per_op + rest
          + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items() if k not in ("fwd_us", "bwd_us", "opt_us", "fwd_view_us", "bwd_view_us")),
-         *([] if campaigns else ["", "This database holds no campaign of any case's operator calls (the generic grid "
-                                 "alone): every run is held out, those the reference GPU calibrates on included."]),
+         *([] if calibrated else ["", "This database holds no campaign of the calibration cases' own operator calls "
+                                  "(the generic grid, and gap-filling campaigns at other lengths if any): every run "
+                                  "is held out, those the reference GPU calibrates on included."]),
          "", "## Summary", "",
          "`all` is every one-GPU case. `distributed` are runs over several GPUs (see the section below).", "",
          "| split | cases | MAPE | max APE | static-TF32 baseline | static-BF16 baseline | memory MAPE | fits/OOM right |",
@@ -568,7 +571,7 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
         row = [f"{pct(summ[sp]['per_setting'][st.value]['mape'])} (n={summ[sp]['per_setting'][st.value]['n']})"
                for sp in ("calibration", "holdout", "all")]
         L.append(f"| {st.value} | " + " | ".join(row) + " |")
-    L += family_markdown(cases, campaigns)
+    L += family_markdown(cases, families_campaign)
     dist_cases = [c for c in cases if c.split == "distributed"]
     if dist_cases:
         L += dist_markdown(dist_cases)

@@ -20,8 +20,13 @@ COLLECTOR_VERSION = "0.2.0"  # 0.2.0: factories replayed on the device
 METADATA_KEY = b"tp_query"
 
 # The generic sweep's campaign name (`make collect --grid`); every other campaign measures exact calls of traced
-# models (signature files), which make their cases calibration shapes
+# models (signature files, named by the file: data/<gpu>/campaigns/<name>.jsonl)
 GRID_CAMPAIGN = "grid"
+# The campaign of the calibration cases' own calls, at their shapes: only it makes those cases calibration shapes
+# (the others fill gaps at other lengths: families, linear-attention, arch-gaps, ...)
+CALIBRATION_CAMPAIGN = "calibration"
+# The spec families' calls at half and twice each held-out case's length (their shapes interpolated)
+FAMILIES_CAMPAIGN = "families"
 
 
 @dataclass(frozen=True)

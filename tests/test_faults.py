@@ -785,6 +785,19 @@ def test_a_gpu_without_a_probed_calibration_run_fits_no_host_constants(tmp_path:
     assert "every run is held out" in text and "| holdout | 2 |" in text and "| calibration | 2 |" not in text
 
 
+def test_only_the_calibration_campaign_makes_calibration_shapes() -> None:
+    """The H100's database gained a gap-filling campaign (the gated-delta fallback's calls at other lengths than the
+    cases'): any campaign other than the grid had made the report call LLaMA-3-8B's runs calibration shapes, whose
+    calls it never measured. Only the calibration cases' own campaign does."""
+    from tp_query.engine.db import Database
+    from tp_query.schema.tables import CALIBRATION_CAMPAIGN, GRID_CAMPAIGN
+
+    h100, h200 = Database("h100"), Database("h200")
+    assert h100.has_campaign("linear-attention") and h100.has_campaign(GRID_CAMPAIGN)
+    assert not h100.has_campaign(CALIBRATION_CAMPAIGN)
+    assert h200.has_campaign(CALIBRATION_CAMPAIGN)
+
+
 def test_a_cached_read_of_the_wrong_shape_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cache file that parses but is not the shape its reader returns (versions.json holding [1, 2]) crashed every
     run with an AttributeError and was never rebuilt; it is read again from the database."""
