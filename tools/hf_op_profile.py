@@ -3,7 +3,7 @@ runs it (collector/validate.py: the HF model, its optimizer, GradScaler under fp
 step after warm-up; writes OUT/hf-ops-CASE.json with {aten op: [device us, calls]}, per-shape rows, the
 kernels' busy time and the step's span. Compare offline with the engine's operator rows (`--compare OUT`).
     python3 tools/hf_op_profile.py OUT CASE_ID [CASE_ID ...]      (on a GPU)
-    .venv/bin/python tools/hf_op_profile.py --compare OUT         (here)"""
+    .venv/bin/python tools/hf_op_profile.py --compare OUT         (here; GPU=h100 for an H100's profiles)"""
 from __future__ import annotations
 
 import json
@@ -43,9 +43,12 @@ def compare(out: Path) -> None:
     from tp_query.engine.validation import load_rows
     from tp_query.schema.precision import Setting
 
+    from tp_query.schema.gpus import validation_folder
+
     root = Path(__file__).resolve().parent.parent
-    rows = {r["case_id"]: r for r in load_rows(root / "data" / "validation")}
-    eng = Engine("h200", str(root / "data"))
+    gpu = os.environ.get("GPU", "h200")
+    rows = {r["case_id"]: r for r in load_rows(root / validation_folder(gpu), gpu)}
+    eng = Engine(gpu, str(root / "data"))
     for f in sorted(out.glob("hf-ops-*.json")):
         cid = f.stem.removeprefix("hf-ops-")
         # a case measured on a sampled instance is stored as CASE@INSTANCE
@@ -55,7 +58,7 @@ def compare(out: Path) -> None:
             cid = next((k for k in rows if k.split("@")[0] == base), cid)
         r, real = rows[cid], json.loads(f.read_text())
         accum = int(r.get("accum") or 1)
-        p = eng.predict(PredictRequest(model=json.loads(r["config_json"]), model_name=r["model"], gpu="h200",
+        p = eng.predict(PredictRequest(model=json.loads(r["config_json"]), model_name=r["model"], gpu=gpu,
                                        setting=Setting(r["setting"]), seq_len=r["seq_len"],
                                        parallel=ParallelConfig(micro_batch=r["micro_batch"],
                                                                global_batch=r["micro_batch"] * accum)),
