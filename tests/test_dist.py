@@ -38,6 +38,10 @@ def test_every_torch_stack_on_cpu_and_a_rerun_adds_nothing(tmp_path: Path) -> No
         per_rank = json.loads(x["rank_json"])
         assert len(per_rank) == 2 and x["iteration_ms"] == max(p["median_ms"] for p in per_rank)
         assert x["dp"] * x["tp"] * x["pp"] == 2
+    # each run names the instance and CPU it ran on: the report prices it with that host's measured costs
+    from tp_query.collector.device import cpu_model, machine_id
+
+    assert {x["machine"] for x in rows} == {machine_id()} and {x["cpu"] for x in rows} == {cpu_model()}
     r = _run(model, out)
     assert r.returncode == 0, r.stderr[-3000:]
     again = [x for f in out.glob("*.parquet") for x in pq.read_table(f).to_pylist()]
