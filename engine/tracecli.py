@@ -13,7 +13,7 @@ from tp_query.schema.model_config import ConfigError, load_model_file, parse_con
 from tp_query.schema.ops import describe
 from tp_query.schema.precision import SETTINGS, Setting
 
-from .graph import Graph
+from .graph import Graph, Phase
 
 MAX_SOURCE_BYTES = 16 << 20
 
@@ -97,7 +97,12 @@ def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], se
                       tps: list[int], layers: int | None, framework: str = "torch",
                       progress: Callable[[int, int], None] | None = None, ep: int = 1
                       ) -> Iterable[tuple[str, str, bool]]:
-    """Every distinct operator call (with its TF32 mode) of the traced configs, optimizer included."""
+    """Every distinct operator call (with its TF32 mode) the engine prices for the configs: the traced forward and
+    backward, and the optimizer step rebuilt for all of the model's parameters as a prediction rebuilds it (the
+    trace runs two layers, and its step's per-parameter lists hold only theirs). layers: a slice of the model's
+    first layers (at most its own count)."""
+    from .compose import Composer
+    from .parallel import ParallelConfig
     from .trace.capture import TraceRequest, trace_config
 
     total = len(configs) * len(settings) * len(seqs) * len(mbs) * len(tps)
@@ -105,6 +110,9 @@ def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], se
     for cfg in configs:
         spec = parse_config(cfg)
         if layers is not None:
+            if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= spec.num_layers:
+                raise ConfigError(f"--layers cuts a slice of the model's first layers: an integer in "
+                                  f"1..{spec.num_layers}, got {layers!r}")
             spec = spec.with_layers(layers)
         for s in settings:
             tf32 = SETTINGS[s].allow_tf32
@@ -118,9 +126,14 @@ def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], se
                         if progress is not None:
                             progress(done, total)
                         for o in g.ops:
-                            if o.op.startswith("comm."):
+                            if o.op.startswith("comm.") or o.phase == Phase.OPT:
                                 continue
                             yield o.op, o.sig, tf32 and describe_tf32(o.op, o.sig)
+                        par = ParallelConfig(tp=tp, micro_batch=mb, global_batch=mb, framework=framework, ep=ep)
+                        for st in Composer(g, tf32).stages(par):  # one stage: PP 1
+                            for it in st.opt:
+                                if not it.call.op.startswith("comm."):
+                                    yield it.call.op, it.call.to_json_str(), it.info.math_mode == "tf32"
 
 
 def describe_tf32(op: str, sig: str) -> bool:

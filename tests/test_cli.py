@@ -34,6 +34,29 @@ def test_predict_table_and_ops(cpu_db: Path, tiny_llama_file: Path) -> None:
     assert len(rows) == 5 and {"op", "phase", "precision", "count", "latency_us", "source"} <= set(rows[0])
 
 
+def test_a_signature_file_holds_every_optimizer_call_a_prediction_prices(cpu_db: Path, tiny_llama_file: Path,
+                                                                         tmp_path: Path) -> None:
+    """`sigs` wrote the trace's optimizer step, whose per-parameter lists hold its two traced layers only: a campaign
+    from it never measured the step a prediction prices (every layer's parameters), and `--layers` changed nothing.
+    The fixture's database was collected from such a file of the 4-layer tiny Llama: its optimizer is priced exactly."""
+    r = run_cli("ops", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db), "--seq-len", "64",
+                "--precision", "amp_bf16", "--json", "--top", "1000")
+    assert r.returncode == 0, r.stderr
+    opt = [x for x in json.loads(r.stdout) if x["phase"] == "opt"]
+    # (a host-side step counter launches nothing)
+    assert opt and {x["source"] for x in opt} == {"exact", "no-kernel"}, {(x["op"], x["source"]) for x in opt}
+    files = {}
+    for n in ("2", "3"):
+        out = tmp_path / f"s{n}.jsonl"
+        r = run_cli("sigs", str(tiny_llama_file), "-o", str(out), "--seq-len", "64", "--precision", "bf16",
+                    "--layers", n)
+        assert r.returncode == 0, r.stderr
+        files[n] = out.read_text()
+    assert files["2"] != files["3"]  # three layers' parameters in the step's lists
+    r = run_cli("sigs", str(tiny_llama_file), "-o", str(tmp_path / "s5.jsonl"), "--layers", "5")
+    assert r.returncode == 2 and "1..4" in r.stderr and not (tmp_path / "s5.jsonl").exists()
+
+
 def test_sql_and_db_info(cpu_db: Path) -> None:
     r = run_cli("sql", "SELECT kind, count(*) AS n FROM ops GROUP BY kind ORDER BY n DESC", "--gpu", "cpu",
                 "--db", str(cpu_db), "--format", "json")
