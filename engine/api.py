@@ -23,9 +23,10 @@ from tp_query.schema.precision import Setting
 
 from .dbcache import DB_ENV, is_remote
 from .engine import ENGINE_LOCK
+from .graph import is_graph_json
 from .parallel import ParallelConfig
 from .predict import Engine, PredictError, Prediction, PredictRequest
-from .request import parse_setting
+from .request import graph_file_lengths, parse_setting
 from .search import SearchError, SearchResult, SearchSpace
 from .search import search as _search
 
@@ -100,17 +101,24 @@ def _where(gpu: Any, db: Any, torch_version: Any, error: type[TpQueryError] = Pr
 def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | None = None,
             precision: str | Setting = Setting.AMP_BF16, dp: int | None = None, tp: int | None = None,
             pp: int | None = None, micro_batch: int | None = None, global_batch: int | None = None,
-            seq_len: int = 4096, optimizer: str = "adamw", sequence_parallel: bool | None = None,
+            seq_len: int | None = None, optimizer: str = "adamw", sequence_parallel: bool | None = None,
             zero: int | None = None, recompute: bool | None = None, strict: bool = False, with_ops: bool = False,
             framework: str | None = None, pp_schedule: str | None = None, ddp_bucket_view: bool | None = None,
             ep: int | None = None, moe_imbalance: float = 1.0, parallel: ParallelConfig | None = None,
             torch_version: str | None = None, system: str | Path | None = None) -> Prediction:
     """One prediction; the split as keywords (those left out take ParallelConfig's defaults: DP=TP=PP=1, ...), or
-    as a ParallelConfig (`parallel=`), not both. Every refusal is a TpQueryError with a one-line message."""
+    as a ParallelConfig (`parallel=`), not both. seq_len: 4096 if left out (a graph file: its own, as is its
+    micro-batch). Every refusal is a TpQueryError with a one-line message."""
     gpu, db, torch_version = _where(gpu, db, torch_version)
     if type(with_ops).__name__ not in ("bool", "bool_"):  # 'no' is truthy: a string would silently mean True
         raise PredictError(f"with_ops= must be True or False, got {with_ops!r}"[:200])
     cfg, name = _model(model)
+    if is_graph_json(cfg):  # what it was traced with, unless asked otherwise (then checked against it)
+        meta: dict[str, Any] = cfg["meta"] if isinstance(cfg.get("meta"), dict) else {}
+        seq_len, mb = graph_file_lengths(meta, _plain(seq_len), _plain(micro_batch))
+        if parallel is None:  # (parallel= holds its own micro-batch, checked against the graph's)
+            micro_batch = mb
+    seq_len = 4096 if seq_len is None else seq_len
     split = {k: v for k, v in dict(
         dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
         sequence_parallel=sequence_parallel, zero=zero, recompute=recompute, pp_schedule=pp_schedule,

@@ -107,9 +107,10 @@ def _request(model: Path, gpu: str, dp: int, tp: int, pp: int, precision: Settin
         raise UserError(f"{model}: a {fmt} graph; this engine reads {GRAPH_FORMAT} (trace it again)")
     meta = obj.get("meta") if obj.get("format", "").startswith("tp-query-graph") else None
     if isinstance(meta, dict):  # a graph file: what it was traced with, unless asked otherwise (then checked)
+        from tp_query.engine.request import graph_file_lengths
+
         precision = precision or Setting(meta.get("setting", "amp_bf16"))
-        seq_len = int(meta.get("seq_len") or 4096) if seq_len is None else seq_len
-        micro_batch = int(meta.get("micro_batch") or 1) if micro_batch is None else micro_batch
+        seq_len, micro_batch = graph_file_lengths(meta, seq_len, micro_batch)
     precision = precision or Setting.AMP_BF16
     seq_len = 4096 if seq_len is None else seq_len
     micro_batch = 1 if micro_batch is None else micro_batch
@@ -771,10 +772,16 @@ def plot(
             from tp_query.engine.api import predict as api_predict
 
             precs = [_setting(p) for p in precision] if precision else list(Setting)
-            graph_meta = load_model_file(model).get("meta") if model.is_file() else None
-            meta = graph_meta if isinstance(graph_meta, dict) else {}
-            seq = seq_len if seq_len is not None else int(meta.get("seq_len") or 4096)
-            mb = micro_batch if micro_batch is not None else int(meta.get("micro_batch") or 1)
+            from tp_query.engine.graph import is_graph_json
+            from tp_query.engine.request import graph_file_lengths
+
+            obj = load_model_file(model) if model.is_file() else None
+            graph_meta = obj.get("meta") if obj is not None and is_graph_json(obj) else None
+            meta: dict[str, Any] = graph_meta if isinstance(graph_meta, dict) else {}
+            if meta:  # a graph file: its own lengths unless given (a module's inputs may have none)
+                seq, mb = graph_file_lengths(meta, seq_len, micro_batch)
+            else:
+                seq, mb = seq_len if seq_len is not None else 4096, micro_batch if micro_batch is not None else 1
             notes: list[str] = []  # said once the chart is drawn (a refused input is one error line alone)
             if not precision and meta:  # a graph file answers for its own precision
                 precs = [_setting(str(meta.get("setting", "amp_bf16")))]
@@ -799,7 +806,7 @@ def plot(
             with _Status(f"predicting {len(precs)} settings"):
                 labels, parts = P.breakdown_across(
                     [(s.value, api_predict(model, gpu=gpu, db=db, precision=s, dp=dp, tp=tp, pp=pp,
-                                           micro_batch=mb, seq_len=seq, global_batch=global_batch,
+                                           micro_batch=micro_batch, seq_len=seq_len, global_batch=global_batch,
                                            pp_schedule=pp_schedule)) for s in precs])
             P.save(P.Chart("bars", f"{model.stem}: one iteration (DP{dp} TP{tp} PP{pp})", "", "ms",
                            labels=labels, parts=parts), out)

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
 from tp_query.schema.precision import SETTINGS
 
 from .graph import Graph, Phase, Section, is_graph_json
-from .request import PredictError, PredictRequest
+from .request import MAX_SEQ, PredictError, PredictRequest
 
 if TYPE_CHECKING:
     from .template import GraphTemplate
@@ -231,6 +232,7 @@ def _from_template(spec: ModelSpec, req: PredictRequest) -> Graph | None:
 
 
 MAX_TENSOR_ELEMENTS = 1 << 40  # far beyond any tensor one GPU holds (a trillion elements)
+MAX_GRAPH_MEMORY_BYTES = 1 << 50  # a petabyte: far beyond any GPU's memory
 
 
 def graph_refusal(g: Graph) -> str:
@@ -244,6 +246,15 @@ def graph_refusal(g: Graph) -> str:
             return f"it has no {ph.value} operators (a training step runs forward and backward)"
     if not g.params:
         return "it lists no parameters (a training step updates some)"
+    # the memory profile is added into the peak as it stands: a negative or absurd byte count would be a peak
+    # below zero that "fits"
+    for name, v in asdict(g.memory).items():
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_GRAPH_MEMORY_BYTES:
+            return f"its memory profile's {name} is {v!r} (bytes: an integer in 0..{MAX_GRAPH_MEMORY_BYTES:.1e})"[:200]
+    for name in ("seq_len", "micro_batch", "tp"):  # a traced module may have no sequence or batch (0)
+        v, low = getattr(g.meta, name), 1 if (name == "tp" or g.meta.source == "config") else 0
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_SEQ:
+            return f"its meta.{name} is {v!r} (an integer in {low}..{MAX_SEQ})"[:200]
     if Phase.OPT not in phases:
         return "it has no optimizer operators (a training step ends with one: an optimizer time of 0 is no answer)"
     layers, traced = g.meta.model.get("num_layers", 0) if g.meta.source == "config" else 0, g.meta.traced_layers

@@ -22,6 +22,26 @@ class PredictError(TpQueryError):
     """Bad input for a prediction (one line for the user)."""
 
 
+def graph_file_lengths(meta: dict[str, Any], seq_len: int | None, micro_batch: int | None) -> tuple[int, int]:
+    """A graph file's sequence length and micro-batch as a request takes them: the graph's own where not given (a
+    given one that differs is refused with the graph's other traced fields). A traced module runs on its own
+    inputs: where they have no such dimension (0 in the file), one given would change nothing, and is refused."""
+    out = []
+    for flag, key, given, default in (("--seq-len", "seq_len", seq_len, 4096),
+                                      ("--micro-batch", "micro_batch", micro_batch, 1)):
+        own = meta.get(key, 0)
+        if isinstance(own, bool) or not isinstance(own, int) or not 0 <= own <= MAX_SEQ:
+            raise PredictError(f"not a valid graph file: its meta.{key} is {own!r}"[:200])
+        if own:
+            out.append(own if given is None else given)
+            continue
+        if given is not None:
+            raise PredictError(f"{flag} does not apply to this graph: the traced module runs on its own inputs, "
+                               f"which have no {dict(seq_len='sequence', micro_batch='batch')[key]} dimension (leave it out)")
+        out.append(default)
+    return out[0], out[1]
+
+
 @dataclass(frozen=True, kw_only=True)
 class PredictRequest:
     """One question: this model, on this GPU, at this precision, sequence and optimizer, split as `parallel`."""

@@ -134,6 +134,17 @@ def test_trace_a_user_module(tmp_path: Path, cpu_db: Path) -> None:
     # a flag the graph was not traced with is named as the CLI spells it
     r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--recompute", "full")
     assert r.returncode == 2 and "--recompute full (graph: none)" in r.stderr, r.stderr
+    # its inputs have no sequence: a length given would change nothing (it was answered as if none were given)
+    for cmd in (["predict", str(out)], ["ops", str(out)], ["plot", "breakdown", "--model", str(out), "-o",
+                                                            str(tmp_path / "b.svg"), "--precision", "fp32"]):
+        r = run_cli(*cmd, "--gpu", "cpu", "--db", str(cpu_db), "--seq-len", "128")
+        assert r.returncode == 2 and "--seq-len does not apply to this graph" in r.stderr, (cmd, r.stderr)
+    from tp_query.engine import api
+    from tp_query.engine.predict import PredictError
+
+    with pytest.raises(PredictError, match="does not apply"):
+        api.predict(out, gpu="cpu", db=str(cpu_db), precision="fp32", seq_len=128)
+    assert api.predict(out, gpu="cpu", db=str(cpu_db), precision="fp32").iteration_ms > 0
 
 
 def test_ops_roll_up_by_kind_and_phase(cpu_db: Path, tiny_llama_file: Path) -> None:

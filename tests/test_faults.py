@@ -312,7 +312,11 @@ def test_graph_files_without_a_step_are_refused(tmp_path: Path) -> None:
              "traced_beyond_the_model": {**good, "meta": {**good["meta"], "traced_layers": 1000}},
              "op_outside_the_traced_layers": {**good, "ops": [*good["ops"], [*layer_op[:4], 7, *layer_op[5:]]]},
              "huge_param": {**good, "params": [[good["params"][0][0], [10**9, 10**9], *good["params"][0][2:]],
-                                               *good["params"][1:]]}}
+                                               *good["params"][1:]]},
+             # a peak below zero that "fits" (one field alone moved the peak by GiB)
+             "negative_memory": {**good, "memory": {**good["memory"], "opt_peak_bytes": -10**12}},
+             "float_memory": {**good, "memory": {**good["memory"], "static_bytes": 1.5}},
+             "negative_seq_len": {**good, "meta": {**good["meta"], "seq_len": -5}}}
     for name, obj in cases.items():
         p = tmp_path / f"{name}.json"
         p.write_text(json.dumps(obj))
