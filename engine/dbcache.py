@@ -83,10 +83,24 @@ def fingerprint(manifest_body: bytes, gpu: str, torch_version: str | None) -> st
     return h.hexdigest()
 
 
+_SEAL = b"tp-query-cache/1 "  # then the seal's hex digest, a newline and the JSON
+
+
+def _seal(name: str, body: bytes) -> bytes:
+    """A digest of a cache file's name and JSON: a file changed in place (valid JSON of the right shape too: an
+    empty table read as 'not measured') or copied under another name is derived again, never believed."""
+    return hashlib.blake2b(body, key=_SEAL + name.encode()[:40], digest_size=16).hexdigest().encode()
+
+
 def _read_json(path: Path) -> Any:
-    """A cache file's JSON, or None when it is missing or unreadable (then it is derived again)."""
+    """A cache file's JSON, or None when it is missing, unreadable or its seal does not match (then it is
+    derived again)."""
     try:
-        return json.loads(path.read_text())
+        raw = path.read_bytes()
+        head, _, body = raw.partition(b"\n")
+        if not head.startswith(_SEAL) or head[len(_SEAL):] != _seal(path.name, body):
+            return None
+        return json.loads(body)
     except (OSError, ValueError):
         return None
 
@@ -97,11 +111,12 @@ def _write_json(path: Path, value: Any) -> None:
     _write_bytes(path, json.dumps(value, separators=(",", ":"), default=str).encode())
 
 
-def _write_bytes(path: Path, raw: bytes) -> None:
+def _write_bytes(path: Path, body: bytes) -> None:
+    """Write JSON bytes as a sealed cache file."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(raw)
+        tmp.write_bytes(_SEAL + _seal(path.name, body) + b"\n" + body)
         tmp.replace(path)
     except OSError:
         pass

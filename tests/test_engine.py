@@ -410,8 +410,10 @@ def test_verification_record_skips_only_unchanged_files(cpu_db: Path, tmp_path: 
     assert len(record) == n
     assert manifest.verify_stamped(root, "cpu", record) == (n, record)  # from the record
     DbSnapshot("cpu", tmp_path / "db")
+    from tp_query.engine.dbcache import _read_json
+
     (seen,) = (tmp_path / "cache" / "db" / "verified").glob("*.json")
-    assert json.loads(seen.read_text()) == record
+    assert _read_json(seen) == record
     f = sorted((root / "ops").glob("*.parquet"))[0]
     st = f.stat()
     data = bytearray(f.read_bytes())
@@ -422,7 +424,7 @@ def test_verification_record_skips_only_unchanged_files(cpu_db: Path, tmp_path: 
         manifest.verify_stamped(root, "cpu", record)
     with pytest.raises(DatabaseError, match="checksum mismatch"):
         DbSnapshot("cpu", tmp_path / "db")
-    assert json.loads(seen.read_text()) == record  # a failed check leaves the record as it was
+    assert _read_json(seen) == record  # a failed check leaves the record as it was
 
 
 def test_host_range_over_machine_instances(cpu_db: Path, tmp_path: Path) -> None:

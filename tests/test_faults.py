@@ -813,4 +813,28 @@ def test_a_cached_read_of_the_wrong_shape_is_read_again(tmp_path: Path, monkeypa
     again = _cli(["predict", "examples/llama3.1-8b.json", "--json"])
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["iteration_ms"] == json.loads(first.stdout)["iteration_ms"]
-    assert json.loads(versions.read_text())[0]["torch"]
+    from tp_query.engine.dbcache import _read_json
+
+    assert _read_json(versions)[0]["torch"]
+
+
+@pytest.mark.parametrize("table", ["table-framework", "table-comm", "table-overlap"])
+def test_a_cache_file_changed_in_place_is_derived_again(table: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache file holding valid JSON of the right shape (an empty table, `[]`) changed a prediction by 10-20% in
+    silence, and its warnings blamed the database ('not measured in this database'). Every cache file is sealed
+    with a digest of its name and bytes: one changed, or copied under another name, is derived again."""
+    monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path))
+    args = ["predict", "examples/llama3.1-8b.json", "--dp", "4", "--zero", "3", "--tp", "2", "--precision", "bf16",
+            "--json"]
+    first = _cli(args)
+    assert first.returncode == 0, first.stderr
+    (f,) = tmp_path.rglob(f"{table}.json")
+    sealed = f.read_bytes()
+    for damage in (b"[]", sealed.split(b"\n", 1)[0] + b"\n[]",
+                   next(tmp_path.rglob("versions.json")).read_bytes()):  # plain, resealed-header, another file's
+        f.write_bytes(damage)
+        again = _cli(args)
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout) == json.loads(first.stdout), damage[:40]
+        assert f.read_bytes() == sealed  # derived again and rewritten
