@@ -29,7 +29,8 @@ CALIBRATION_NOTES = frozenset({"fitted_on_cases", "split"})
 # Physical ceilings of each host cost (us): the fit's own bounds (engine.validation) for the fitted ones, and
 # far above any eager operator's host cost for the per-operator ones.
 CALIBRATION_MAX_US = {"fwd_us": 1000.0, "bwd_us": 1000.0, "opt_us": 1000.0, "fwd_view_us": 1000.0,
-                      "bwd_view_us": 1000.0, "per_tensor_us": 20.0, "per_iteration_us": 5000.0}
+                      "bwd_view_us": 1000.0, "fwd_layer_us": 100000.0, "per_tensor_us": 20.0,
+                      "per_iteration_us": 5000.0}
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class HostModel:
     opt_us: float = 15.0
     fwd_view_us: float = 12.0  # one that launches none (a view, an allocation): less dispatch, no launch
     bwd_view_us: float = 6.0
+    fwd_layer_us: float = 0.0  # once per decoder layer's forward beyond its operators: its modules' Python
     per_tensor_us: float = 1.0  # per tensor in a multi-tensor (foreach) call
     per_iteration_us: float = 300.0
     beta: float = 0.5  # GPU time = warm + beta * (cold - warm)
@@ -67,7 +69,8 @@ class HostModel:
             raise CalibrationError(f"calibration {where}: unknown key {unknown[0]!r} (constants: "
                                    f"{', '.join(HostModel.__dataclass_fields__)})")
         # a calibration written before views were told apart charges them as the other operators
-        d = {"fwd_view_us": d.get("fwd_us"), "bwd_view_us": d.get("bwd_us"), **d}
+        # and one written before the forward's module Python was told apart charges none per layer
+        d = {"fwd_view_us": d.get("fwd_us"), "bwd_view_us": d.get("bwd_us"), "fwd_layer_us": 0.0, **d}
         for k in HostModel.__dataclass_fields__:
             v = d.get(k)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:

@@ -211,13 +211,16 @@ class StepSchedule:
         composed (n layers: the layer's map to the n-th power), equal to simulating the concatenated operators."""
         m = IDENTITY
         sums: dict[str, list[Any]] = {}
+        # the forward's module Python, once per decoder layer: spread over the layer section's operators
+        layer_fwd = raw["sections"].get((Phase.FWD, Section.LAYER)) if host.fwd_layer_us else None
         for ph, ex in (("fwd", extra[0]), ("bwd", extra[1])):
             parts = raw[f"{ph}_parts"]
             n_ops = sum(len(p.cold) * n for p, n in parts)
             delta = ex / n_ops if ex and n_ops else 0.0
             acc: list[Any] = [0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(len(SOURCES))]
             for p, n in parts:
-                s = self._section_summary(p, host, delta)
+                per_layer = host.fwd_layer_us / len(p.cold) if layer_fwd is not None and p is layer_fwd else 0.0
+                s = self._section_summary(p, host, delta + per_layer)
                 m = compose(power(s.map, n), m)
                 for i, v in enumerate((s.gpu_us, s.host_us, s.compute_us, s.tp_comm_us, s.ep_comm_us, s.src)):
                     acc[i] = acc[i] + n * v

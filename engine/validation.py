@@ -539,7 +539,8 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
             else "the rest the engine's fixed defaults (the database has no calibration.json; not fitted): ")
     per_op = (f"per-operator forward, backward and optimizer host costs measured on host-bound runs "
               f"({database_dir.rstrip('/')}/framework/, not fitted; an operator that launches no kernel charged apart "
-              f"from one that does where the chain probe ran); " if instances else
+              f"from one that does where the chain probe ran, and the forward's module Python charged once per "
+              f"decoder layer where its tight-loop slopes are known); " if instances else
               f"per-operator host costs the engine's fixed defaults (forward {host.fwd_us:g}, backward {host.bwd_us:g}, "
               f"optimizer {host.opt_us:g} us: no host of this GPU was probed); ")
     L = ["# Validation: predictions against measured training iterations", "",
@@ -550,7 +551,7 @@ def report_markdown(cases: list[CaseResult], host: HostModel, summ: dict[str, An
          "Each case is a real HuggingFace training iteration (forward with labels, loss, backward, AdamW step, "
          "zero_grad; GradScaler under amp_fp16) timed with CUDA events over iterations after warm-up.", "",
          "Host model: " + per_op + rest
-         + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items() if k not in ("fwd_us", "bwd_us", "opt_us", "fwd_view_us", "bwd_view_us")),
+         + ", ".join(f"{k}={v:.3g}" for k, v in asdict(host).items() if k not in ("fwd_us", "bwd_us", "opt_us", "fwd_view_us", "bwd_view_us", "fwd_layer_us")),
          *([] if calibrated else ["", "This database holds no campaign of the calibration cases' own operator calls "
                                   "(the generic grid, and gap-filling campaigns at other lengths if any): every run "
                                   "is held out, those the reference GPU calibrates on included."]),

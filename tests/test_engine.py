@@ -215,6 +215,26 @@ def test_megatron_accumulates_micro_batches_in_its_buffer_not_in_grad(eng: Engin
         assert (extra_bwd == pytest.approx(0, abs=1e-9)) if fw == "megatron" else extra_bwd > 0
 
 
+def test_the_forward_module_python_is_charged_once_per_decoder_layer(eng: Engine) -> None:
+    """HostModel.fwd_layer_us: the forward's module Python once per decoder layer, beside its operators' own host
+    costs. With enough of it the step is host-bound, and each more microsecond per layer is the model's layers
+    (4) more microseconds of forward; the backward and the optimizer are untouched; a 2-stage pipeline charges
+    each stage for its own layers."""
+    from dataclasses import replace
+
+    a = eng.assemble(req(setting=Setting.BF16))
+    base = replace(eng.host, fwd_layer_us=20_000.0)
+    t1, b1, _, _ = a.evaluate(base)
+    t2, b2, _, _ = a.evaluate(replace(base, fwd_layer_us=30_000.0))
+    assert t2 - t1 == pytest.approx(4 * 10_000.0, rel=1e-9)
+    assert b2["backward_ms"] == pytest.approx(b1["backward_ms"]) and b2["optimizer_ms"] == b1["optimizer_ms"]
+    per_stage = eng.assemble(req(setting=Setting.BF16, pp=2, global_batch=2))
+    _, _, s1, _ = per_stage.evaluate(base)
+    _, _, s2, _ = per_stage.evaluate(replace(base, fwd_layer_us=30_000.0))
+    grew = [y["fwd_us"] + y["bwd_us"] - x["fwd_us"] - x["bwd_us"] for x, y in zip(s1, s2, strict=True)]
+    assert grew == [pytest.approx(2 * 10_000.0, rel=1e-9)] * 2
+
+
 def test_pipelining_holds_a_receive_buffer_per_micro_batch(eng: Engine) -> None:
     """torch.distributed.pipelining allocates, per micro-batch, a buffer for each stage's input (after the first
     stage) and for its output's gradient (before the last), kept all step; each input's gradient stays in the

@@ -3,6 +3,7 @@ communication, pipeline schedules as torch orders them, and the framework data r
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -326,6 +327,45 @@ def test_views_cost_the_host_less_than_launching_operators() -> None:
     big = FrameworkData([], _chain_rows("c", mean_us=10.0, view_us=0.0, launch_us=40.0, python_us=1.0))
     c = big.per_op_host_us("bf16")
     assert c["fwd_view_us"] == 0.0 and c["fwd_us"] == pytest.approx(20.0)
+
+
+def _with_samples(rows: list[dict[str, Any]], noise_us: float = 0.0) -> list[dict[str, Any]]:
+    """The per-layer rows with the probe's samples ({layers: us}) on their line (a fixed 500 us outside the layers),
+    the chains' moved by +-noise_us alternately."""
+    out = []
+    for r in rows:
+        if r["quantity"] == "per_layer_us":
+            wobble = noise_us if r["kind"] != "plain" else 0.0
+            samples = {str(n): 500.0 + n * r["value_us"] + (wobble if i % 2 else -wobble)
+                       for i, n in enumerate((1, 2, 4, 6, 8))}
+            r = {**r, "samples_json": json.dumps(samples)}
+        out.append(r)
+    return out
+
+
+def test_the_forward_charges_each_operator_its_own_cost_and_the_module_python_once_per_layer() -> None:
+    """A loop's operators cost the host their chain slopes (8 us a launch, 3 a view here, the loop's Python in
+    both); the plain layer costs more (10 us an operator): its modules' Python, once per layer. So a layer of many
+    more operators is no longer charged the plain mean for each: each operator its own, the rest once per layer,
+    and the plain layer still costs what it was measured to."""
+    fd = FrameworkData([], _with_samples(_chain_rows("a", mean_us=10.0, view_us=1.0, launch_us=6.0, python_us=2.0)))
+    lam, nu, ops, views = fd.tight_loop_costs("bf16")
+    assert (lam, nu, ops, views) == (pytest.approx(0.8), pytest.approx(0.3), 76.0, 38.0)
+    a = fd.per_op_host_us("bf16")
+    assert a["fwd_us"] == pytest.approx(8.0) and a["fwd_view_us"] == pytest.approx(3.0)
+    assert a["fwd_layer_us"] == pytest.approx(760.0 - 38 * 8.0 - 38 * 3.0)
+    assert 38 * a["fwd_us"] + 38 * a["fwd_view_us"] + a["fwd_layer_us"] == pytest.approx(760.0)
+    # a probe whose slopes scatter (timed variant by variant on a drifting host) keeps the mean-keeping split
+    noisy = FrameworkData([], _with_samples(_chain_rows("b", 10.0, 1.0, 6.0, 2.0), noise_us=1500.0))
+    assert noisy.tight_loop_costs("bf16") is None and "fwd_layer_us" not in noisy.per_op_host_us("bf16")
+    assert noisy.per_op_host_us("bf16")["fwd_us"] == pytest.approx(12.5)  # launch_split's, as before
+    # a view that costs nothing or less is no measurement of one (the loop's Python alone costs more)
+    odd = FrameworkData([], _with_samples(_chain_rows("c", 10.0, -3.0, 6.0, 2.0)))
+    assert odd.tight_loop_costs("bf16") is None
+    # operators alone dearer than the plain layer (noise): scaled to it, nothing left per layer
+    dear = FrameworkData([], _with_samples(_chain_rows("d", 10.0, 8.0, 14.0, 2.0)))
+    d = dear.per_op_host_us("bf16")
+    assert d["fwd_layer_us"] == 0.0 and 38 * d["fwd_us"] + 38 * d["fwd_view_us"] == pytest.approx(760.0)
 
 
 def test_ddp_host_costs_are_the_same_in_every_setting() -> None:
