@@ -697,7 +697,7 @@ GATED_DELTA_NOTE = ("linear-attention layers (the gated delta rule) are priced a
                     "machines); with those packages their fused kernels run instead, which is not modelled; measured "
                     "over four such models (Qwen3-Next, Qwen3.5 dense and MoE, OLMo-Hybrid), the step came within "
                     "9.8% on an H200 (13 runs, -26% to +9%: under autocast the MoE and OLMo-Hybrid steps are "
-                    "under-predicted) and within 2.4% on an H100 (20 runs, -4% to +4%: there the forward's module "
+                    "under-predicted) and within 3.0% on an H100 (20 runs, -4% to +7%: there the forward's module "
                     "Python is charged once per layer, its operators at their own tight-loop cost, which the H200's one "
                     "host probe is too noisy to give): the host time of the fallback's loops is their step's largest "
                     "uncertainty")
