@@ -119,8 +119,13 @@ class FrameworkData:
     _index: dict[tuple[str, str, str, str, str], list[dict[str, Any]]] | None = field(default=None, repr=False)
     _machines: list[str] | None = field(default=None, repr=False)
     _named_since: tuple[dt.datetime | None] | None = field(default=None, repr=False)
+    # per-instance derivations every view of one table shares (each view picks its instance's or the median): a
+    # prediction's range over the instances derives them once, not once per instance
+    _by_machine: dict[str, Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self._by_machine is None:
+            self._by_machine = {}
         if self._index is not None:  # a view of tables already split and indexed (`on`): nothing to redo
             return
         self.copies = self.copies or [r for r in self.host if r.get("kind") == FSDP_COPY_KIND]
@@ -206,7 +211,7 @@ class FrameworkData:
         if machine is not None and machine != TYPICAL_HOST and machine not in self.machines():
             raise ValueError(f"no host measurements of machine {machine!r}; measured: {', '.join(self.machines())}")
         return FrameworkData(self.overlap, self.host, machine, copies=self.copies, _index=self._index,
-                             _machines=self._machines)
+                             _machines=self._machines, _by_machine=self._by_machine)
 
     def without(self, machine: str) -> FrameworkData:
         """The typical host of the other instances (validation: a run predicted as a user's prediction would be,
@@ -336,6 +341,24 @@ class FrameworkData:
                     per.setdefault(r.get("machine") or FIRST_MACHINE, []).append(float(r["value_us"]))
             return {m: sum(v) / len(v) for m, v in per.items()}
 
+        assert self._by_machine is not None
+        shared = self._by_machine.get(key)
+        if shared is None:
+            shared = self._by_machine[key] = self._tight_loop_per_machine(fits, counts)
+        lams, nus, ops_n, views_n = shared
+        got: dict[str, float] = {}
+        if lams and ops_n and views_n:
+            own = self.chosen in lams
+            got = {"lam": lams[self.chosen] if own else statistics.median(lams.values()),
+                   "nu": nus[self.chosen] if own else statistics.median(nus.values()),
+                   "ops": statistics.median(ops_n.values()), "views": statistics.median(views_n.values())}
+        self._per_op[key] = got
+        return (got["lam"], got["nu"], got["ops"], got["views"]) if got else None
+
+    @staticmethod
+    def _tight_loop_per_machine(fits: Callable[[str], dict[str, tuple[float, float]]],
+                                counts: Callable[[str, str], dict[str, float]]) -> tuple[Any, ...]:
+        """Each instance's qualifying slopes (as fractions of its plain mean) and the plain layer's counts."""
         plain, views_c, launch_c = fits("plain"), fits("chain_views"), fits("chain_launches")
         ops_n = {k: counts(k, "per_layer_ops") for k in ("plain", "chain_views", "chain_launches")}
         views_n = counts("plain", "per_layer_views")
@@ -355,14 +378,7 @@ class FrameworkData:
             se_l, se_v = math.hypot(l_se, p_se) / nl, math.hypot(v_se, p_se) / nv
             if launch > 0 and view > 0 and max(se_l, se_v) <= TIGHT_LOOP_MAX_SE * mean:
                 lams[m], nus[m] = launch / mean, view / mean
-        got: dict[str, float] = {}
-        if lams and ops_n["plain"] and views_n:
-            own = self.chosen in lams
-            got = {"lam": lams[self.chosen] if own else statistics.median(lams.values()),
-                   "nu": nus[self.chosen] if own else statistics.median(nus.values()),
-                   "ops": statistics.median(ops_n["plain"].values()), "views": statistics.median(views_n.values())}
-        self._per_op[key] = got
-        return (got["lam"], got["nu"], got["ops"], got["views"]) if got else None
+        return lams, nus, ops_n["plain"], views_n
 
     def launch_split(self, setting: str, phase: str) -> tuple[float, float] | None:
         """(f, s) of one phase: what a kernel-launching operator costs the host beyond a view, as a fraction f of
@@ -387,6 +403,21 @@ class FrameworkData:
                     out.setdefault(r.get("machine") or FIRST_MACHINE, []).append(float(r["value_us"]))
             return {m: sum(v) / len(v) for m, v in out.items()}
 
+        assert self._by_machine is not None
+        if key not in self._by_machine:  # every instance's, once for all views of the table
+            self._by_machine[key] = self._split_per_machine(by_machine)
+        fracs, shares = self._by_machine[key]
+        got: dict[str, float] = {}
+        if fracs and shares:
+            got = {"f": fracs[self.chosen] if self.chosen in fracs else statistics.median(fracs.values()),
+                   "s": statistics.median(shares)}
+        self._per_op[key] = got
+        return (got["f"], got["s"]) if got else None
+
+    @staticmethod
+    def _split_per_machine(by_machine: Callable[[str, str], dict[str, float]]
+                           ) -> tuple[dict[str, float], list[float]]:
+        """Each probed instance's f and every instance's share of views (launch_split)."""
         per = {k: {q: by_machine(k, q) for q in ("per_layer_us", "per_layer_ops", "per_layer_views")}
                for k in ("chain_views", "chain_launches")}
         plain = {q: by_machine("plain", q) for q in ("per_op_us", "per_layer_ops", "per_layer_views")}
@@ -406,12 +437,7 @@ class FrameworkData:
                 continue
             if n > 0 and mean > 0:
                 fracs[m] = gap_us / n / mean
-        got: dict[str, float] = {}
-        if fracs and shares:
-            got = {"f": fracs[self.chosen] if self.chosen in fracs else statistics.median(fracs.values()),
-                   "s": statistics.median(shares)}
-        self._per_op[key] = got
-        return (got["f"], got["s"]) if got else None
+        return fracs, shares
 
     def grad_scaler_step_us(self) -> float | None:
         """GradScaler's host work per optimizer step (unscale_ with its per-parameter Python, the read of the inf
