@@ -260,9 +260,11 @@ def test_database_snapshot_answers_without_duckdb_and_never_stale(cpu_db: Path, 
 def test_lookup_memo_reused_and_damage_recomputed(cpu_db: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Estimates are memoised beside the database snapshot: a later engine answers the same request from
-    the memo (no family points built) with the same numbers; a damaged entry is recomputed, not used."""
-    import json as js
+    the memo (no family points built) with the same numbers; a damaged entry is recomputed, not used (one written
+    under a valid seal: the file's seal catches damage from outside)."""
     import shutil
+
+    from tp_query.engine.dbcache import _read_json, _write_json
 
     monkeypatch.setenv("TP_QUERY_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "db"
@@ -275,10 +277,10 @@ def test_lookup_memo_reused_and_damage_recomputed(cpu_db: Path, tmp_path: Path,
     e2 = Engine("cpu", str(root))
     assert e2.predict(_req(dp=2)).iteration_ms == first.iteration_ms
     assert not e2.latency._families  # every estimate came from the memo
-    entries = js.loads(memo.read_text())
+    entries = _read_json(memo)
     key = next(k for k, v in entries.items() if v[2] in ("exact", "interpolated"))
     entries[key] = ["not a number"]
-    memo.write_text(js.dumps(entries))
+    _write_json(memo, entries)
     shutil.rmtree(tmp_path / "cache" / "costed")
     e3 = Engine("cpu", str(root))
     assert key not in e3.latency._cache  # dropped on load
@@ -291,7 +293,7 @@ def test_lookup_memo_reused_and_damage_recomputed(cpu_db: Path, tmp_path: Path,
     b.predict(_req(Setting.BF16, dp=2))
     a.latency.flush_memo()
     b.latency.flush_memo()
-    merged = js.loads(memo.read_text())
+    merged = _read_json(memo)
     assert set(a.latency._memo) <= set(merged) and set(b.latency._memo) <= set(merged)
     assert len(merged) > len(a.latency._memo)
 
