@@ -129,7 +129,9 @@ def signature_entries(configs: list[dict[str, Any]], settings: list[Setting], se
                             if o.op.startswith("comm.") or o.phase == Phase.OPT:
                                 continue
                             yield o.op, o.sig, tf32 and describe_tf32(o.op, o.sig)
-                        par = ParallelConfig(tp=tp, micro_batch=mb, global_batch=mb, framework=framework, ep=ep)
+                        # (expert-parallel ranks are data-parallel ranks: EP of them)
+                        par = ParallelConfig(dp=ep, tp=tp, micro_batch=mb, global_batch=mb * ep, framework=framework,
+                                             ep=ep)
                         for st in Composer(g, tf32).stages(par):  # one stage: PP 1
                             for it in st.opt:
                                 if not it.call.op.startswith("comm."):
