@@ -234,12 +234,22 @@ class FrameworkData:
         return mine or rows
 
     @staticmethod
-    def _median_over_machines(rows: list[dict[str, Any]]) -> float:
-        """Median over instances of each instance's mean (an instance may hold several variants)."""
+    def _mean_per_machine(rows: list[dict[str, Any]]) -> dict[str, float]:
+        """Each instance's mean of its rows' values (an instance may hold several variants)."""
         per: dict[str, list[float]] = {}
         for r in rows:
             per.setdefault(r.get("machine") or FIRST_MACHINE, []).append(float(r["value_us"]))
-        return statistics.median(sum(v) / len(v) for v in per.values())
+        return {m: sum(v) / len(v) for m, v in per.items()}
+
+    @staticmethod
+    def _median_over_machines(rows: list[dict[str, Any]]) -> float:
+        """Median over instances of each instance's mean."""
+        return statistics.median(FrameworkData._mean_per_machine(rows).values())
+
+    def _probe_means(self, kind: str, setting: str, phase: str, quantity: str) -> dict[str, float]:
+        """Each instance's mean of one quantity of a host-probe kind (plain, chain_views, chain_launches)."""
+        return self._mean_per_machine([r for r in self._indexed("torch", lambda k: k == kind, setting, phase, quantity)
+                                       if r.get("status") == "ok"])
 
     def interference(self, ranks: int, precision_class: str) -> Interference:
         """The measured slowdowns for the compute class that dominates the step (tensor-core GEMMs in half
@@ -326,25 +336,10 @@ class FrameworkData:
             kept = self._per_op[key]
             return (kept["lam"], kept["nu"], kept["ops"], kept["views"]) if kept else None
 
-        def fits(kind: str) -> dict[str, tuple[float, float]]:
-            out: dict[str, tuple[float, float]] = {}
-            for r in self._indexed("torch", lambda k: k == kind, setting, "fwd", "per_layer_us"):
-                fit = _slope_and_se(r.get("samples_json")) if r.get("status") == "ok" else None
-                if fit is not None:
-                    out[r.get("machine") or FIRST_MACHINE] = fit
-            return out
-
-        def counts(kind: str, quantity: str) -> dict[str, float]:
-            per: dict[str, list[float]] = {}
-            for r in self._indexed("torch", lambda k: k == kind, setting, "fwd", quantity):
-                if r.get("status") == "ok":
-                    per.setdefault(r.get("machine") or FIRST_MACHINE, []).append(float(r["value_us"]))
-            return {m: sum(v) / len(v) for m, v in per.items()}
-
         assert self._by_machine is not None
         shared = self._by_machine.get(key)
         if shared is None:
-            shared = self._by_machine[key] = self._tight_loop_per_machine(fits, counts)
+            shared = self._by_machine[key] = self._tight_loop_per_machine(setting)
         lams, nus, ops_n, views_n = shared
         got: dict[str, float] = {}
         if lams and ops_n and views_n:
@@ -355,13 +350,20 @@ class FrameworkData:
         self._per_op[key] = got
         return (got["lam"], got["nu"], got["ops"], got["views"]) if got else None
 
-    @staticmethod
-    def _tight_loop_per_machine(fits: Callable[[str], dict[str, tuple[float, float]]],
-                                counts: Callable[[str, str], dict[str, float]]) -> tuple[Any, ...]:
+    def _tight_loop_per_machine(self, setting: str) -> tuple[Any, ...]:
         """Each instance's qualifying slopes (as fractions of its plain mean) and the plain layer's counts."""
+        def fits(kind: str) -> dict[str, tuple[float, float]]:
+            out: dict[str, tuple[float, float]] = {}
+            for r in self._indexed("torch", lambda k: k == kind, setting, "fwd", "per_layer_us"):
+                fit = _slope_and_se(r.get("samples_json")) if r.get("status") == "ok" else None
+                if fit is not None:
+                    out[r.get("machine") or FIRST_MACHINE] = fit
+            return out
+
         plain, views_c, launch_c = fits("plain"), fits("chain_views"), fits("chain_launches")
-        ops_n = {k: counts(k, "per_layer_ops") for k in ("plain", "chain_views", "chain_launches")}
-        views_n = counts("plain", "per_layer_views")
+        ops_n = {k: self._probe_means(k, setting, "fwd", "per_layer_ops") for k in ("plain", "chain_views",
+                                                                                   "chain_launches")}
+        views_n = self._probe_means("plain", setting, "fwd", "per_layer_views")
         lams: dict[str, float] = {}
         nus: dict[str, float] = {}
         for m, (p_us, p_se) in plain.items():
@@ -396,16 +398,9 @@ class FrameworkData:
             kept = self._per_op[key]
             return (kept["f"], kept["s"]) if kept else None
 
-        def by_machine(kind: str, quantity: str) -> dict[str, float]:
-            out: dict[str, list[float]] = {}
-            for r in self._indexed("torch", lambda k: k == kind, setting, phase, quantity):
-                if r.get("status") == "ok":
-                    out.setdefault(r.get("machine") or FIRST_MACHINE, []).append(float(r["value_us"]))
-            return {m: sum(v) / len(v) for m, v in out.items()}
-
         assert self._by_machine is not None
         if key not in self._by_machine:  # every instance's, once for all views of the table
-            self._by_machine[key] = self._split_per_machine(by_machine)
+            self._by_machine[key] = self._split_per_machine(setting, phase)
         fracs, shares = self._by_machine[key]
         got: dict[str, float] = {}
         if fracs and shares:
@@ -414,10 +409,11 @@ class FrameworkData:
         self._per_op[key] = got
         return (got["f"], got["s"]) if got else None
 
-    @staticmethod
-    def _split_per_machine(by_machine: Callable[[str, str], dict[str, float]]
-                           ) -> tuple[dict[str, float], list[float]]:
+    def _split_per_machine(self, setting: str, phase: str) -> tuple[dict[str, float], list[float]]:
         """Each probed instance's f and every instance's share of views (launch_split)."""
+        def by_machine(kind: str, quantity: str) -> dict[str, float]:
+            return self._probe_means(kind, setting, phase, quantity)
+
         per = {k: {q: by_machine(k, q) for q in ("per_layer_us", "per_layer_ops", "per_layer_views")}
                for k in ("chain_views", "chain_launches")}
         plain = {q: by_machine("plain", q) for q in ("per_op_us", "per_layer_ops", "per_layer_views")}
