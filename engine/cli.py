@@ -946,6 +946,22 @@ def report(
 _DEBUG = False  # set by main(): --debug or TP_QUERY_DEBUG=1
 
 
+def _app_for(args: list[str]) -> typer.Typer:
+    """The app to parse these arguments with: where the first names a top-level command, one holding that
+    command alone (typer builds every command's parameters from its signature at each start, a tenth of a warm
+    prediction's process here); the whole app otherwise (help, the version, `db`, a misspelt command). The
+    command parses, helps and fails exactly as in the whole app: the same callback, name and function."""
+    name = args[0] if args else ""
+    chosen = [c for c in app.registered_commands
+              if (c.name or (c.callback.__name__.replace("_", "-") if c.callback else "")) == name]
+    if len(chosen) != 1 or name.startswith("-"):
+        return app
+    lean = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
+    lean.registered_callback = app.registered_callback
+    lean.registered_commands = chosen
+    return lean
+
+
 def main() -> None:
     """Every failure is one line and exit code 2; `--debug` (anywhere) or TP_QUERY_DEBUG=1 shows tracebacks."""
     import os
@@ -955,7 +971,7 @@ def main() -> None:
     if "--debug" in sys.argv:
         sys.argv.remove("--debug")
     try:
-        rc = app(standalone_mode=False)
+        rc = _app_for(sys.argv[1:])(standalone_mode=False)
         sys.exit(rc if isinstance(rc, int) else 0)
     except typer.Exit as e:  # typer's own (it may or may not sit on click, which we do not import)
         sys.exit(getattr(e, "exit_code", 0))

@@ -55,6 +55,32 @@ class Item:
     phase: Phase
 
 
+@dataclass(frozen=True)
+class ParamSums:
+    """A stage's parameter totals that memory and the data-parallel model read for every candidate: summed once
+    per parameter list (a search asks them thousands of times of the same few lists)."""
+
+    layer_numel: tuple[tuple[int, int], ...]  # (model layer, its parameters' elements), in layer order
+    head_numel: int
+    expert_numel: int  # routed experts' elements (".experts." in the name)
+    section_bytes: dict[Section, tuple[int, ...]]  # each parameter's bytes, per section, in list order
+
+    @staticmethod
+    def of(params: list[ParamRecord]) -> ParamSums:
+        per_layer: dict[int, int] = {}
+        sizes: dict[Section, list[int]] = {}
+        head = expert = 0
+        for p in params:
+            if p.section == Section.LAYER:
+                per_layer[p.layer] = per_layer.get(p.layer, 0) + p.numel
+            elif p.section == Section.HEAD:
+                head += p.numel
+            if ".experts." in p.name:
+                expert += p.numel
+            sizes.setdefault(p.section, []).append(p.numel * DType(p.dtype).itemsize)
+        return ParamSums(tuple(sorted(per_layer.items())), head, expert, {k: tuple(v) for k, v in sizes.items()})
+
+
 @dataclass
 class StageWork:
     index: int
@@ -78,7 +104,11 @@ class StageWork:
     @property
     def expert_numel(self) -> int:
         """This rank's routed-expert parameters (their gradients reduce over the expert-data-parallel group)."""
-        return sum(p.numel for p in self.params if ".experts." in p.name)
+        return self.sums.expert_numel
+
+    @property
+    def sums(self) -> ParamSums:
+        return self.composer.param_sums(self.params)
 
     def _expand(self, phase: Phase, parts: list[tuple[Section, int]]) -> list[Item]:
         out: list[Item] = []
@@ -198,11 +228,12 @@ class Composer:
         interned = self._stage_cache.setdefault(("param_keys",), {})
         # the layer-to-template map is part of it: two DeepSeek cuts with the same traced parameters but another
         # dense-first count name other parameters per model layer (the second crashed on the first's list)
-        self.param_key = interned.setdefault((tuple(graph.params), tuple(o.sig for o in self.opt_records),
+        self.param_key = interned.setdefault((tuple(graph.params), tuple((o.op, o.sig) for o in self.opt_records),
                                               allow_tf32, tuple(self.template_of)), len(interned))
         self.traced_numel = max(sum(p.numel for p in graph.params), 1)
         # each split's stage list, by what `stages` reads of the split (a search's candidates share them)
         self._stage_lists: dict[tuple[Any, ...], list[StageWork]] = {}
+        self._layouts: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
 
     def part(self, phase: Phase, section: Section) -> list[Item]:
         return self.sections.get((phase, section), [])
@@ -355,8 +386,11 @@ class Composer:
         parameter-shaped tensors is matched in order to the traced parameters of its shapes (its dtype first); a
         list of step counts or per-parameter scalars takes the group of the nearest such list of its length (the
         step runs group by group), the preceding one first."""
-        if self._list_maps is not None:
-            return self._list_maps
+        if self._list_maps is None:  # once per traced step: graphs of one parameter key share it
+            self._list_maps = self._sub(("opt_list_maps", self.param_key), self._opt_list_maps_built)
+        return self._list_maps
+
+    def _opt_list_maps_built(self) -> dict[tuple[int, int], tuple[int, ...]]:
         n_traced = len(self.traced_params)
         maps: dict[tuple[int, int], tuple[int, ...]] = {}
         unmatched: list[tuple[int, int, int]] = []  # (call, argument, length) of lists without shapes of their own
@@ -378,7 +412,6 @@ class Composer:
             after = [m for (c, _), m in shaped if c > ci and len(m) == n]
             if before or after:
                 maps[(ci, ai)] = before[-1] if before else after[0]
-        self._list_maps = maps
         return maps
 
     def trainable_dtypes(self) -> frozenset[str]:
@@ -409,23 +442,26 @@ class Composer:
 
     @property
     def _opt_calls(self) -> list[OpCall]:
-        """The traced optimizer step's calls, parsed once per graph (every stage layout rebuilds from them)."""
+        """The traced optimizer step's calls, parsed once per traced step (every stage layout rebuilds from them;
+        graphs of one parameter key, which holds the step's signatures, share them)."""
         if self._opt_calls_parsed is None:
-            # each distinct spec one object (the same parameter's spec recurs in the step's lists of params,
-            # grads and states): its cached hash, size and text serve them all, and a rebuild shards it once
-            alike: dict[TensorSpec, TensorSpec] = {}
-
-            def one(v: Any) -> Any:
-                if type(v) is TensorSpec:
-                    return alike.setdefault(v, v)
-                if type(v) is list:
-                    return [one(x) for x in v]
-                return v
-
-            self._opt_calls_parsed = [
-                OpCall(c.op, tuple(one(a) for a in c.args), tuple((k, one(v)) for k, v in c.kwargs), o.sig)
-                for o in self.opt_records for c in (OpCall.from_json_str(o.op, o.sig),)]
+            self._opt_calls_parsed = self._sub(("opt_calls", self.param_key), self._opt_calls_built)
         return self._opt_calls_parsed
+
+    def _opt_calls_built(self) -> list[OpCall]:
+        # each distinct spec one object (the same parameter's spec recurs in the step's lists of params,
+        # grads and states): its cached hash, size and text serve them all, and a rebuild shards it once
+        alike: dict[TensorSpec, TensorSpec] = {}
+
+        def one(v: Any) -> Any:
+            if type(v) is TensorSpec:
+                return alike.setdefault(v, v)
+            if type(v) is list:
+                return [one(x) for x in v]
+            return v
+
+        return [OpCall(c.op, tuple(one(a) for a in c.args), tuple((k, one(v)) for k, v in c.kwargs), o.sig)
+                for o in self.opt_records for c in (OpCall.from_json_str(o.op, o.sig),)]
 
     def _partial_grad_reductions(self, params: list[ParamRecord]) -> list[Item]:
         """DTensor sequence parallelism: the all-reduces the traced optimizer step made of the Partial gradients
@@ -486,6 +522,15 @@ class Composer:
         """AccumulateGrad with an existing gradient: grad += new, once per parameter."""
         return _per_shape(params, lambda s: _call_item(OpCall("aten.add_.Tensor", (s, s)), Phase.BWD,
                                                        self.allow_tf32))
+
+    def param_sums(self, params: list[ParamRecord]) -> ParamSums:
+        """A stage parameter list's sums, once per list object (the list is kept beside them, so its id stays its
+        own while the entry lives)."""
+        sums = self._stage_cache.setdefault(("param_sums",), {})
+        hit = sums.get(id(params))
+        if hit is None or hit[0] is not params:
+            hit = sums[id(params)] = (params, ParamSums.of(params))
+        return hit[1]
 
     def _sub(self, key: tuple[object, ...], build: Any) -> Any:
         hit = self._stage_cache.get(key)
@@ -565,17 +610,7 @@ class Composer:
                 raise PlanError(f"interleaved 1F1B runs 2 chunks per rank: {n_layers} layers do not split into "
                                 f"{2 * par.pp} equal stages")
         out = []
-        for s, n in enumerate(counts):
-            first, last = s == 0, s == len(counts) - 1
-            start = sum(counts[:s])
-            if not self.is_layered:
-                fwd_parts = [(Section.BODY, 1)]
-                bwd_parts = [(Section.BODY, 1)]
-            else:
-                fwd_parts = ([(Section.EMBED, 1)] if first else []) + [(Section.LAYER, n)] + \
-                    ([(Section.HEAD, 1)] if last else [])
-                bwd_parts = ([(Section.HEAD, 1)] if last else []) + [(Section.LAYER, n)] + \
-                    ([(Section.EMBED, 1)] if first else [])
+        for s, first, last, n, _start, fwd_parts, bwd_parts, kinds, params, mix in self._layout(counts):
             shards = par.dp if par.zero >= 1 else 1
             expert_shards = par.expert_dp if par.zero >= 1 else 1
             # PyTorch DDP's own kernels (Megatron-Core scales its gradient buffer in its DDP model instead)
@@ -587,14 +622,9 @@ class Composer:
             accumulates = par.micro_batches > 1 and par.zero < 2 and par.framework == "torch"
             # what the lists depend on: the stage's layer kinds in order, not which layers they are (a
             # stage of 2 uniform layers is the same work wherever it sits)
-            kinds = tuple(self.template_for(i) for i in range(start, start + n)) if self.is_layered else ()
             key = (self.param_key, first, last, kinds, shards, accumulates, ddp_dp,
                    par.ddp_bucket_view, expert_shards, par.framework, par.dp if par.framework == "megatron" else 0,
                    par.ep > 1, pipelined)
-            # the stage's own parameters, named by its layers; the work built from them is the same for any
-            # stage of the same kinds
-            params = self._sub(("params", self.param_key, first, last, n, start),
-                               functools.partial(self.stage_params, first, last, n, start))
             cached = self._stage_cache.get(key)
             if cached is None:
                 # each piece once per what it depends on: a search over DP re-uses the parameter list, the
@@ -617,7 +647,36 @@ class Composer:
                 self._stage_cache[key] = cached
             opt, accum, ddp, numel, nbytes, layer_bytes = cached
             out.append(StageWork(s, first, last, n, fwd_parts, bwd_parts, opt, accum, ddp, params, self, numel,
-                                 nbytes, layer_bytes, self.stage_mix(start, n) if par.pp > 1 else None))
+                                 nbytes, layer_bytes, mix))
+        return out
+
+    def _layout(self, counts: list[int]) -> list[tuple[Any, ...]]:
+        """Each stage's place in a split of the layers: (index, first, last, layers, start, forward and backward
+        sections, layer kinds, parameters, layer mix), once per split (a planner's variants of one PP share it)."""
+        key = ("layout", self.param_key, tuple(counts))
+        hit = self._layouts.get(key)
+        if hit is not None:
+            return hit
+        out = []
+        for s, n in enumerate(counts):
+            first, last = s == 0, s == len(counts) - 1
+            start = sum(counts[:s])
+            if not self.is_layered:
+                fwd_parts = [(Section.BODY, 1)]
+                bwd_parts = [(Section.BODY, 1)]
+            else:
+                fwd_parts = ([(Section.EMBED, 1)] if first else []) + [(Section.LAYER, n)] + \
+                    ([(Section.HEAD, 1)] if last else [])
+                bwd_parts = ([(Section.HEAD, 1)] if last else []) + [(Section.LAYER, n)] + \
+                    ([(Section.EMBED, 1)] if first else [])
+            kinds = tuple(self.template_for(i) for i in range(start, start + n)) if self.is_layered else ()
+            # the stage's own parameters, named by its layers; the work built from them is the same for any
+            # stage of the same kinds
+            params = self._sub(("params", self.param_key, first, last, n, start),
+                               functools.partial(self.stage_params, first, last, n, start))
+            mix = self.stage_mix(start, n) if len(counts) > 1 else None
+            out.append((s, first, last, n, start, fwd_parts, bwd_parts, kinds, params, mix))
+        self._layouts[key] = out
         return out
 
 

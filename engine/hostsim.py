@@ -176,10 +176,14 @@ class ShiftedHostMap:
     """`host_map(gpu_us, host_us + delta, sync)` for any delta >= 0 without the arrays: a framework's extra host
     cost spread evenly over a stage's operators shifts every host cost by the same delta, which differs per stage
     layout. Within a stretch the GPU end is max_k (C_k + (k + 1) delta) + G, with C_k = H_k - G_{k-1} the
-    unshifted scan: the upper envelope of lines of increasing slope, kept once (their hull) and read at any
-    delta by bisection. Equal to host_map to float rounding (the sums are associated differently)."""
+    unshifted scan: the upper envelope of lines of increasing slope. The first few deltas read the lines
+    directly (one vectorised maximum); from the HULL_AFTER-th on the envelope is kept (their hull) and read by
+    bisection, as a planner asks one section for many deltas. Either equals host_map to float rounding (the
+    sums are associated differently): each line's value is the same float sum, the hull picks a line by
+    breakpoints computed in floats."""
 
-    __slots__ = ("_stretches",)
+    __slots__ = ("_asked", "_hulls", "_stretches")
+    HULL_AFTER = 8  # a hull costs about as much as this many direct reads of a few hundred operators
 
     def __init__(self, gpu_us: np.ndarray, host_us: np.ndarray, sync: np.ndarray) -> None:
         out = []
@@ -187,18 +191,30 @@ class ShiftedHostMap:
             g = gpu_us[a:b]
             h = np.cumsum(host_us[a:b])
             gc = np.cumsum(g)
-            lines = _upper_hull((h - (gc - g)).tolist())
-            breaks = [(c0 - c1) / (s1 - s0) for (s0, c0), (s1, c1) in itertools.pairwise(lines)]
-            out.append((bool(sync[a]), float(h[-1]), len(g), float(gc[-1]), breaks, lines))
+            out.append((bool(sync[a]), float(h[-1]), len(g), float(gc[-1]), h - (gc - g)))
         self._stretches = out
+        self._asked = 0
+        self._hulls: list[tuple[list[float], list[tuple[int, float]]]] | None = None
 
     def at(self, delta: float) -> HostMap:
+        self._asked += 1
+        if self._hulls is None and self._asked >= self.HULL_AFTER:
+            self._hulls = []
+            for *_, intercepts in self._stretches:
+                lines = _upper_hull(intercepts.tolist())
+                self._hulls.append(([(c0 - c1) / (s1 - s0) for (s0, c0), (s1, c1) in itertools.pairwise(lines)],
+                                    lines))
         out = IDENTITY
-        for synced, h_end, n, g_end, breaks, lines in self._stretches:
+        for i, (synced, h_end, n, g_end, intercepts) in enumerate(self._stretches):
             if synced:
                 out = compose(_SYNC, out)
-            s, c = lines[bisect.bisect_right(breaks, delta)]
-            out = compose((h_end + n * delta, NEG, c + s * delta + g_end, g_end), out)
+            if self._hulls is not None:
+                breaks, lines = self._hulls[i]
+                s, c = lines[bisect.bisect_right(breaks, delta)]
+                top = c + s * delta
+            else:
+                top = float(np.max(intercepts + np.arange(1, n + 1) * delta))
+            out = compose((h_end + n * delta, NEG, top + g_end, g_end), out)
         return out
 
 

@@ -24,7 +24,7 @@ from .framework import (
     pipelining_retained_outputs,
     tp_step_keeps_logits,
 )
-from .graph import Graph, MemoryProfile, Section
+from .graph import Graph, MemoryProfile
 from .parallel import ParallelConfig
 
 WORKSPACE_BYTES = 64 * 2**20  # cuBLAS/cuDNN workspaces that the caching allocator serves
@@ -112,9 +112,7 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     per_layer: dict[int, int] = {}
     if torch_fsdp:  # gathered units in compute precision: the root all step, one or all layers in flight
         itemsize = st.param_dtype.itemsize
-        for p in stage.params:
-            if p.section == Section.LAYER:
-                per_layer[p.layer] = per_layer.get(p.layer, 0) + p.numel
+        per_layer = dict(stage.sums.layer_numel)
         layer_numel = sum(per_layer.values())
         root_full = (stage.param_numel - layer_numel) * itemsize
         # at the start of backward: ZeRO-3 holds the prefetched last layer (the largest unit where layer kinds
@@ -187,12 +185,12 @@ def stage_memory(graph: Graph, stage: StageWork, par: ParallelConfig, optimizer:
     capacity = int((gpu.memory_bytes - gpu.context_bytes) * (1 - FRAGMENTATION))
     # each kind's largest: its size at rest or in its own phase, or what any phase holds of it (FSDP2's layer
     # backward holds two gathered layers, the head's gradient beside the sharded ones, a reduce-scatter input)
-    base = {"weights": w, "grads": g, "optimizer": o, "activations": acts, "gathered": unsharded,
-            "transient": max(head, mp.layer_bwd_transient_bytes, opt_transient), "buffers": buffers}
-    held = [ph.parts() for ph in phases]
-    big = {k: max(v, *(h[k] for h in held)) for k, v in base.items()}
-    return MemoryBreakdown(big["weights"], big["grads"], big["optimizer"], big["activations"], big["gathered"],
-                           big["transient"], big["buffers"], peak, capacity, peak <= capacity, at_peak)
+    return MemoryBreakdown(
+        max(w, *(ph.weights_bytes for ph in phases)), max(g, *(ph.grads_bytes for ph in phases)),
+        max(o, *(ph.optimizer_bytes for ph in phases)), max(acts, *(ph.activations_bytes for ph in phases)),
+        max(unsharded, *(ph.gathered_bytes for ph in phases)),
+        max(head, mp.layer_bwd_transient_bytes, opt_transient, *(ph.transient_bytes for ph in phases)),
+        max(buffers, *(ph.buffers_bytes for ph in phases)), peak, capacity, peak <= capacity, at_peak)
 
 
 def _fsdp_in_backward(stage: StageWork, par: ParallelConfig, st: SettingSpec, mp: MemoryProfile, w: int, o: int,
@@ -209,7 +207,7 @@ def _fsdp_in_backward(stage: StageWork, par: ParallelConfig, st: SettingSpec, mp
     param_item = st.param_dtype.itemsize
     grad_item = g_full / max(stage.param_numel, 1)
     rs_item = 4.0 if st.master_weights else grad_item
-    head_grad = int(sum(p.numel for p in stage.params if p.section == Section.HEAD) * grad_item)
+    head_grad = int(stage.sums.head_numel * grad_item)
     embed_act = mp.embed_act_bytes if stage.first else 0
     out = []
     for k, u in enumerate(units):

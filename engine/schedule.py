@@ -129,7 +129,9 @@ class StepSchedule:
         # torch.amp.GradScaler's host work per step (every rank steps its own optimizer)
         self.scaler_us = (fw.grad_scaler_step_us() or 0.0) if (
             st_.grad_scaler and self.par.framework == Framework.TORCH) else 0.0
-        self.extras = [self._host_extra_us(st) for st in self.stages]  # by first, last and layers: as the kind
+        by_shape: dict[tuple[bool, bool, int], tuple[float, float, float]] = {}  # a 64-stage split has 3 shapes
+        self.extras = [by_shape.get((st.first, st.last, st.layers)) or by_shape.setdefault(
+            (st.first, st.last, st.layers), self._host_extra_us(st)) for st in self.stages]
         self.host_measured = fw.per_op_host_us(self._host_setting())
 
     def host_model(self, host: HostModel) -> HostModel:
@@ -327,8 +329,10 @@ class StepSchedule:
         def t(ph: Phase, se: Section, per: int = 1) -> float:
             return sec.get((ph, se), 0.0) * scale / per
 
+        per_section = s.sums.section_bytes
+
         def sizes(se: Section) -> tuple[int, ...]:
-            return tuple(p.numel * DType(p.dtype).itemsize for p in s.params if p.section == se)
+            return per_section.get(se, ())
 
         body = Section.BODY if (Phase.FWD, Section.BODY) in sec else None
         return StageShape(

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call, whichever single GPU comes: this instance's interleaved host chain probe (the tight-loop slopes the
+# forward host model needs; no H200 probe so far qualifies), then the GPT-2 half-precision cases on the same instance
+# (issue 13's GPT-2-small-shaped misses: host or GPU?), then (H200) a per-operator profile of Qwen3.5-MoE's bf16 step
+# (under-predicted -12..-27% on the H200). Each step ships its tarball as it ends.
+set -u
+source tools/gpu_common.sh
+GPU=$(gpu_kind) || exit 3
+HOST_S=${HOST_S:-200} bash tools/gpu_host_chains.sh
+CASES="gpt2-mb12-s512-fp16,gpt2-mb12-s512-amp_fp16,gpt2-mb12-s512-bf16,gpt2-mb12-s512-amp_bf16"
+CASES="$CASES,gpt2-mb8-s1024-fp16,gpt2-mb8-s1024-amp_fp16,gpt2-mb8-s1024-bf16,gpt2-mb8-s1024-amp_bf16"
+timeout ${VALIDATE_S:-170} python3 -m tp_query.collector validate --gpu $GPU --machine-sample --only "$CASES" \
+  --budget-s $(( ${VALIDATE_S:-170} - 15 )) 2>&1 | tail -10
+ship gpt2-sample-$GPU || true
+if [ "$GPU" = h200 ]; then
+  timeout ${QPROFILE_S:-90} python3 tools/hf_op_profile.py data/validation/profiles \
+    qwen3_5_moe_text-default-L4-mb1-s4096-bf16 qwen3_5_moe_text-default-L4-mb1-s4096-amp_fp16 2>&1 \
+    | grep -v Warning | tail -3
+  ship qwen-moe-profile
+fi
