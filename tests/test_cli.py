@@ -291,3 +291,30 @@ def test_a_search_that_evaluates_nothing_says_why(cpu_db: Path, tiny_llama_file:
     r = run_cli("search", str(tiny_llama_file), "--gpus", "2", "--global-batch", "4", "--seq-len", "64", "--gpu",
                 "cpu", "--db", str(cpu_db), "--framework", "megatron")
     assert r.returncode == 2 and "could be evaluated" in r.stderr and "mp_bf16" in r.stderr, r.stderr
+
+
+def test_a_command_parses_in_an_app_of_its_own_exactly_as_in_the_whole_app() -> None:
+    """main() builds only the command it runs (typer derives every command's parameters at each start): the lean
+    app must hold that command's own definition, and anything else (help, the version, `db`, a misspelt
+    command, an option first) must go to the whole app."""
+    import typer
+    from tp_query.engine import cli
+
+    for name in ("predict", "search", "sql", "report"):
+        lean = cli._app_for([name, "x.json"])
+        assert lean is not cli.app
+        assert [c.callback for c in lean.registered_commands] == \
+            [c.callback for c in cli.app.registered_commands if c.callback and c.callback.__name__ == name]
+        assert lean.registered_callback is cli.app.registered_callback
+        whole = typer.main.get_command(cli.app).commands[name]  # type: ignore[attr-defined]
+        alone = typer.main.get_command(lean).commands[name]  # type: ignore[attr-defined]
+        assert [p.opts for p in alone.params] == [p.opts for p in whole.params]
+    for args in ([], ["--help"], ["--version"], ["db", "info"], ["predct"], ["--debug", "predict"]):
+        assert cli._app_for(args) is cli.app
+
+
+def test_a_lean_command_fails_as_the_whole_app_does(cpu_db: Path, tiny_llama_file: Path) -> None:
+    r = run_cli("predict", str(tiny_llama_file), "--gpu", "cpu", "--db", str(cpu_db), "--no-such-flag")
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: No such option: --no-such-flag")
+    r = run_cli("predict", "--help")
+    assert r.returncode == 0 and " predict [OPTIONS] {model}" in r.stdout

@@ -676,3 +676,21 @@ def test_api_takes_the_cluster_as_the_cli_does(cpu_db: Path, tiny_llama_file: Pa
     assert all(o.candidate.parallel.tp == 1 for o in res.ranked)  # one GPU per node: TP stays inside it
     with pytest.raises(TpQueryError, match="no system file or preset"):
         api_predict(tiny_llama_file, system=tmp_path / "missing.toml", **kw)
+
+
+def test_a_stage_parameter_lists_sums_are_the_lists_own() -> None:
+    """ParamSums (what memory and the data-parallel model read for every candidate, summed once per list) against
+    sums written out for a closed-form list: two layers of bf16 weights and an fp32 routed expert, an embedding
+    and a head."""
+    from tp_query.engine.compose import ParamSums
+    from tp_query.engine.graph import ParamRecord, Section
+
+    params = [ParamRecord("embed.weight", (10, 4), "bf16", Section.EMBED)]
+    for i in (3, 1):  # out of order: sums come back in layer order
+        params += [ParamRecord(f"layers.{i}.attn.weight", (4, 4), "bf16", Section.LAYER, i),
+                   ParamRecord(f"layers.{i}.mlp.experts.w", (2, 4, 8), "fp32", Section.LAYER, i)]
+    params.append(ParamRecord("head.lm_head.weight", (10, 4), "bf16", Section.HEAD))
+    s = ParamSums.of(params)
+    assert s.layer_numel == ((1, 16 + 64), (3, 16 + 64))
+    assert (s.head_numel, s.expert_numel) == (40, 128)
+    assert s.section_bytes == {Section.EMBED: (80,), Section.LAYER: (32, 256, 32, 256), Section.HEAD: (80,)}
