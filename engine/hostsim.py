@@ -176,14 +176,14 @@ class ShiftedHostMap:
     """`host_map(gpu_us, host_us + delta, sync)` for any delta >= 0 without the arrays: a framework's extra host
     cost spread evenly over a stage's operators shifts every host cost by the same delta, which differs per stage
     layout. Within a stretch the GPU end is max_k (C_k + (k + 1) delta) + G, with C_k = H_k - G_{k-1} the
-    unshifted scan: the upper envelope of lines of increasing slope. The first few deltas read the lines
-    directly (one vectorised maximum); from the HULL_AFTER-th on the envelope is kept (their hull) and read by
+    unshifted scan: the upper envelope of lines of increasing slope. The first read takes the lines
+    directly (one vectorised maximum); from the HULL_AFTER-th read on the envelope is kept (their hull) and read by
     bisection, as a planner asks one section for many deltas. Either equals host_map to float rounding (the
     sums are associated differently): each line's value is the same float sum, the hull picks a line by
     breakpoints computed in floats."""
 
     __slots__ = ("_asked", "_hulls", "_stretches")
-    HULL_AFTER = 8  # a hull costs about as much as this many direct reads of a few hundred operators
+    HULL_AFTER = 2  # a prediction reads most maps once; a planner reads one map for many deltas
 
     def __init__(self, gpu_us: np.ndarray, host_us: np.ndarray, sync: np.ndarray) -> None:
         out = []

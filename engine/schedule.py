@@ -267,7 +267,7 @@ class StepSchedule:
         p2p = self.eng.comm.estimate("send_recv", self._p2p_bytes(), 2, per_node=self._p2p_per_node()).us \
             if par.pp > 1 else 0.0
         cost = [r["fwd_us"] + r["bwd_us"] + 2 * p2p for r in per_stage]
-        crit = int(np.argmax(cost))
+        crit = max(range(len(cost)), key=cost.__getitem__)  # the first of equal ones, as np.argmax
         c = per_stage[crit]
         pipe = self._pipeline_us(per_stage, m, p2p) if par.pp > 1 else m * cost[0]
         fwd_compute = m * c["fwd_gpu_us"]

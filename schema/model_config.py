@@ -621,9 +621,15 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         moe_ffn = _pos_int("moe_intermediate_size", _need(cfg, "moe_intermediate_size"))
         if family == ArchFamily.QWEN2_MOE:
             shared_ffn = _pos_int("shared_expert_intermediate_size", _need(cfg, "shared_expert_intermediate_size"))
-        if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
-            raise ConfigError("dense layers between MoE layers (mlp_only_layers, decoder_sparse_step) are not "
-                              "modelled; every layer must be an MoE layer")
+        # transformers' rule (Qwen2/3-MoE decoder layer): layer i is dense when it is in mlp_only_layers or
+        # (i + 1) % decoder_sparse_step != 0; entries beyond the model name no layer and change nothing
+        only = set(_int_list("mlp_only_layers", cfg.get("mlp_only_layers") or [], 0))
+        step = _pos_int("decoder_sparse_step", cfg.get("decoder_sparse_step") or 1)
+        dense = [i for i in range(n_layers) if i in only or (i + 1) % step]
+        if dense:
+            raise ConfigError(f"dense layers between MoE layers are not modelled for this family: mlp_only_layers / "
+                              f"decoder_sparse_step {step} make {len(dense)} of the {n_layers} layers dense (first: "
+                              f"layer {dense[0]}); every layer must be an MoE layer")
     if experts:
         top_k = _pos_int("num_experts_per_tok", _need(cfg, "num_experts_per_tok"))
         if top_k > experts:

@@ -87,6 +87,21 @@ def test_refusals_say_why(cfg: dict, msg: str) -> None:
         parse_config(cfg)
 
 
+def test_mlp_only_layers_naming_no_layer_is_the_plain_moe_model() -> None:
+    """transformers' Qwen-MoE layer is dense when its index is in mlp_only_layers: an entry beyond the model (or
+    negative) names no layer and the model is every-layer MoE, parsed as if the key were absent."""
+    base = TINY_FAMILIES["qwen2-moe"]
+    n = base["num_hidden_layers"]
+    from dataclasses import replace
+
+    plain = parse_config(base)
+    for only in ([n], [n + 5, -1], []):
+        got = parse_config({**base, "mlp_only_layers": only})
+        assert replace(got, hf_config=plain.hf_config) == plain  # (the config text keeps the key as given)
+    with pytest.raises(ConfigError, match=f"1 of the {n} layers dense"):
+        parse_config({**base, "mlp_only_layers": [n - 1, n]})
+
+
 def test_registry_families() -> None:
     fams = {parse_config(c).family for c in TINY_FAMILIES.values()}
     # the native builders' families are tested against transformers elsewhere, model types known only to
