@@ -109,7 +109,7 @@ class Engine:
         self.segment_flops: dict[int, float] = {}
         self.dp_overheads: dict[tuple[Any, ...], float] = {}
         self.section_summaries: dict[tuple[Any, ...], SectionSummary] = {}
-        self.section_gpu_us: dict[tuple[Any, ...], float] = {}
+        self.section_gpu: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # per (section, beta): GPU times and sums
         self.shifted_maps: dict[tuple[Any, ...], ShiftedHostMap] = {}  # per (section, host model)
         self.stage_raws: dict[int, dict[tuple[Any, ...], Any]] = {}  # per segment cache: stage kind -> costed stage
 

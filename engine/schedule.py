@@ -192,20 +192,27 @@ class StepSchedule:
                     shifted = self.eng.shifted_maps[key[:2]] = ShiftedHostMap(g, h, seg.sync)
                 hit = replace(base, map=shifted.at(delta_us), host_us=base.host_us + delta_us * len(seg.cold))
             else:
-                g, h = seg.times(host)
-                comm, ep = seg.is_comm, seg.ep_mask()
-                hit = SectionSummary(host_map(g, h, seg.sync), float(g.sum()), float(h.sum()),
-                                     float(g[~comm].sum()), float(g[comm & ~ep].sum()), float(g[ep].sum()),
-                                     np.bincount(seg.src, weights=g, minlength=len(SOURCES)))
+                g, gpu_us, compute_us, tp_us, ep_us, src = self._section_gpu(seg, host.beta)
+                h = seg.host_times(host)
+                hit = SectionSummary(host_map(g, h, seg.sync), gpu_us, float(h.sum()), compute_us, tp_us, ep_us, src)
             self.eng.section_summaries[key] = hit
         return hit
 
-    def _section_gpu_us(self, seg: Segment, host: HostModel) -> float:
-        key = (id(seg), host)
-        hit = self.eng.section_gpu_us.get(key)
+    def _section_gpu(self, seg: Segment, beta: float) -> tuple[Any, ...]:
+        """A section's GPU times and their sums (all, outside collectives, TP and EP collectives, per source):
+        once per beta, which every host instance of a prediction's range shares."""
+        key = (id(seg), beta)
+        hit = self.eng.section_gpu.get(key)
         if hit is None:
-            hit = self.eng.section_gpu_us[key] = float(seg.times(host)[0].sum())
+            g = seg.gpu_times(beta)
+            comm, ep = seg.is_comm, seg.ep_mask()
+            hit = self.eng.section_gpu[key] = (
+                g, float(g.sum()), float(g[~comm].sum()), float(g[comm & ~ep].sum()), float(g[ep].sum()),
+                np.bincount(seg.src, weights=g, minlength=len(SOURCES)))
         return hit
+
+    def _section_gpu_us(self, seg: Segment, host: HostModel) -> float:
+        return float(self._section_gpu(seg, host.beta)[1])
 
     def _fb_times(self, raw: dict[str, Any], host: HostModel, extra: tuple[float, float, float]
                   ) -> dict[str, Any]:

@@ -89,15 +89,22 @@ class Segment:
                        np.concatenate([np.tile(p.ep_mask(), n) for p, n in parts]) if with_ep else None)
 
     def times(self, host: HostModel) -> tuple[np.ndarray, np.ndarray]:
-        g = np.where(self.is_comm, self.comm_us, self.warm + host.beta * (self.cold - self.warm))
+        return self.gpu_times(host.beta), self.host_times(host)
+
+    def gpu_times(self, beta: float) -> np.ndarray:
+        """Each operator's GPU time (us): its latency between warm and cold by beta, a collective's own time. It
+        depends on nothing else of a host model: host instances share it."""
+        g = np.where(self.is_comm, self.comm_us, self.warm + beta * (self.cold - self.warm))
+        return g * self.weight if self.weight is not None else g
+
+    def host_times(self, host: HostModel) -> np.ndarray:
+        """Each operator's host cost (us) under a host model."""
         h = np.choose(self.phase, [host.fwd_us, host.bwd_us, host.opt_us])
         if host.fwd_view_us != host.fwd_us or host.bwd_view_us != host.bwd_us:  # views launch nothing
             view = (self.src == _NO_KERNEL) & ~self.sync
             h = np.where(view, np.choose(self.phase, [host.fwd_view_us, host.bwd_view_us, host.opt_us]), h)
         h = h + host.per_tensor_us * self.tensors
-        if self.weight is not None:
-            return g * self.weight, h * self.weight
-        return g, h
+        return h * self.weight if self.weight is not None else h
 
 
 _PHASE_CODE = {Phase.FWD: 0, Phase.BWD: 1, Phase.OPT: 2}
