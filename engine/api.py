@@ -99,7 +99,7 @@ def _where(gpu: Any, db: Any, torch_version: Any, error: type[TpQueryError] = Pr
 
 
 def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | None = None,
-            precision: str | Setting = Setting.AMP_BF16, dp: int | None = None, tp: int | None = None,
+            precision: str | Setting | None = None, dp: int | None = None, tp: int | None = None,
             pp: int | None = None, micro_batch: int | None = None, global_batch: int | None = None,
             seq_len: int | None = None, optimizer: str = "adamw", sequence_parallel: bool | None = None,
             zero: int | None = None, recompute: bool | None = None, strict: bool = False, with_ops: bool = False,
@@ -108,7 +108,8 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
             torch_version: str | None = None, system: str | Path | None = None) -> Prediction:
     """One prediction; the split as keywords (those left out take ParallelConfig's defaults: DP=TP=PP=1, ...), or
     as a ParallelConfig (`parallel=`), not both. seq_len: 4096 if left out (a graph file: its own, as is its
-    micro-batch). Every refusal is a TpQueryError with a one-line message."""
+    micro-batch); precision: amp_bf16 if left out (a graph file: its own, as the CLI takes it). Every refusal is
+    a TpQueryError with a one-line message."""
     gpu, db, torch_version = _where(gpu, db, torch_version)
     if type(with_ops).__name__ not in ("bool", "bool_"):  # 'no' is truthy: a string would silently mean True
         raise PredictError(f"with_ops= must be True or False, got {with_ops!r}"[:200])
@@ -118,7 +119,10 @@ def predict(model: str | Path | dict[str, Any], *, gpu: str = "h200", db: str | 
         seq_len, mb = graph_file_lengths(meta, _plain(seq_len), _plain(micro_batch))
         if parallel is None:  # (parallel= holds its own micro-batch, checked against the graph's)
             micro_batch = mb
+        if precision is None:
+            precision = meta.get("setting", Setting.AMP_BF16.value)
     seq_len = 4096 if seq_len is None else seq_len
+    precision = Setting.AMP_BF16 if precision is None else precision
     split = {k: v for k, v in dict(
         dp=dp, tp=tp, pp=pp, micro_batch=micro_batch, global_batch=global_batch,
         sequence_parallel=sequence_parallel, zero=zero, recompute=recompute, pp_schedule=pp_schedule,

@@ -686,7 +686,7 @@ def search(
         shown = res.ranked[:top] if top > 0 else res.ranked
         if output is not None:
             frame = res.to_polars(include_rejected=True)
-            if output.suffix == ".parquet":
+            if output.name.lower().endswith(".parquet"):  # as _check_output read it (.PARQUET, a bare .parquet)
                 frame.write_parquet(output)
             else:
                 frame.write_csv(output)
@@ -746,7 +746,8 @@ def plot(
     micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="breakdown: default 1 (a graph file: "
                                                     "its own)")] = None,
     global_batch: Annotated[int | None, typer.Option("--global-batch", help="breakdown: sequences per iteration "
-                                                     "(default DP x micro-batch; with PP, that x PP)")] = None,
+                                                     "(default DP x micro-batch, one micro-batch per step; with PP "
+                                                     "1F1B needs at least PP of them)")] = None,
     pp_schedule: Annotated[str | None, typer.Option("--pp-schedule", help="breakdown: 1f1b | gpipe | "
                                                     "interleaved")] = None,
     precision: Annotated[list[str] | None, typer.Option(help="settings to compare (default every setting; a "
@@ -804,14 +805,21 @@ def plot(
                     notes.append(f"note: {', '.join(s.value for s in left)} left out: "
                                  f"{setting_refusal(left[0], split, seq)}")
             with _Status(f"predicting {len(precs)} settings"):
-                labels, parts = P.breakdown_across(
-                    [(s.value, api_predict(model, gpu=gpu, db=db, precision=s, dp=dp, tp=tp, pp=pp,
-                                           micro_batch=micro_batch, seq_len=seq_len, global_batch=global_batch,
-                                           pp_schedule=pp_schedule)) for s in precs])
+                preds = [(s.value, api_predict(model, gpu=gpu, db=db, precision=s, dp=dp, tp=tp, pp=pp,
+                                               micro_batch=micro_batch, seq_len=seq_len, global_batch=global_batch,
+                                               pp_schedule=pp_schedule)) for s in precs]
+            # a bar of a step that does not fit says so on the chart itself
+            labels, parts = P.breakdown_across([(lab if p.fits else f"{lab} (does not fit)", p) for lab, p in preds])
             P.save(P.Chart("bars", f"{model.stem}: one iteration (DP{dp} TP{tp} PP{pp})", "", "ms",
                            labels=labels, parts=parts), out)
             for n in notes:
                 typer.echo(n, err=True)
+            for lab, p in preds:  # what each bar rests on, as predict says it (its warnings there)
+                typer.echo(f"{lab}: {p.iteration_ms:.1f} ms, peak {p.peak_memory_gib:.1f} GiB "
+                           f"{'fits' if p.fits else 'DOES NOT FIT'}; sources: "
+                           + ", ".join(f"{k} {v:.1%}" for k, v in p.sources.items() if v > 0.0005)
+                           + (f"; {len(p.warnings)} warnings (tp-query predict shows them)" if p.warnings else ""),
+                           err=True)
         elif what == "latency":
             from tp_query.engine.db import Database
 
@@ -824,7 +832,7 @@ def plot(
                 raise UserError(f"{', '.join(given)} apply to plot breakdown; plot latency shows measured "
                                 "operator latency against size, per precision")
             kind_ = kind or "mm"
-            series = P.latency_series(Database(gpu, db), kind_)
+            series = P.latency_series(Database(_gpu_key(gpu), db), kind_)  # (H100 as every command takes it)
             if not series:
                 raise UserError(f"no measurements of kind {kind_!r} in the {gpu} database")
             if precision:  # the precisions asked for, each one measured for this kind

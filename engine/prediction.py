@@ -219,7 +219,7 @@ class Assembled(StepSchedule):
                     **{f"at_peak_{k}_gib": v / 2**30 for k, v in mem.at_peak.parts().items()}},
             peak_at=mem.at_peak.phase.value,
             sources=sources, warnings=self.warnings, config=self._config(self.host_model(host)),
-            tokens_per_s=tokens / (total_us / 1e6),
+            tokens_per_s=tokens / (total_us / 1e6) if tokens else None,  # a module without token inputs: none
             stages=[{"stage": s.index, "layers": s.layers, "fwd_ms": r["fwd_us"] / 1e3, "bwd_ms": r["bwd_us"] / 1e3,
                      "opt_ms": r["opt_us"] / 1e3, "peak_memory_gib": mm.peak_bytes / 2**30,
                      "peak_at": mm.at_peak.phase.value}

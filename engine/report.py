@@ -64,7 +64,8 @@ def prediction_table(p: Prediction) -> str:
         + ("  recompute" if c["recompute"] != "none" else "")
         + f"  [{c.get('framework', 'torch')}" + (f", {c['pp_schedule']}" if c["pp"] > 1 else "") + "]",
         "",
-        f"iteration time   {p.iteration_ms:10.2f} ms      ({p.tokens_per_s:,.0f} tokens/s)",
+        f"iteration time   {p.iteration_ms:10.2f} ms      "
+        + (f"({p.tokens_per_s:,.0f} tokens/s)" if p.tokens_per_s is not None else "(no tokens: a module's own inputs)"),
     ]
     if p.mfu is not None and p.model_tflops_per_gpu is not None:
         lines.append(f"MFU              {100 * p.mfu:10.1f} %       ({p.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, "
@@ -104,6 +105,11 @@ def prediction_table(p: Prediction) -> str:
         if mg.get("moe_routing"):
             parts.append(f"MoE routing {mg['moe_routing']}")
         lines.append("model graph: " + "; ".join(parts))
+    db = c.get("database") or {}
+    if db:  # which measurements answered: a copy or another stack of the database answers differently
+        lines.append(f"database: {db.get('root')} ({c['gpu']}, files {db.get('fingerprint')}), measured under torch "
+                     f"{db.get('torch')}, CUDA {db.get('cuda')}, cuDNN {db.get('cudnn')}; calibration: "
+                     f"{c.get('calibration')}")
     for w in p.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)

@@ -153,7 +153,7 @@ class Prediction:
     sources: dict[str, float]
     warnings: list[str]
     config: dict[str, Any]
-    tokens_per_s: float
+    tokens_per_s: float | None  # None: a module graph whose inputs hold no tokens
     stages: list[dict[str, Any]] = field(default_factory=list)
     ops: list[OpRow] = field(default_factory=list)
     parameters: int | None = None  # of the whole model, every rank together

@@ -149,7 +149,10 @@ def invalid_reason(spec: ModelSpec, cand: Candidate, space: SearchSpace) -> str:
     return c.unmodelled()
 
 
-def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate, str]]:
+def candidates(spec: ModelSpec, space: SearchSpace, beyond: list[str] | None = None
+               ) -> Iterable[tuple[Candidate, str]]:
+    """Every configuration of the space with why it is invalid ("" when valid). beyond: collects why a split is
+    no candidate at all (ParallelConfig refuses it as beyond any real job), for a search that finds none."""
     schedules = STACK_PP_SCHEDULES[space.framework] if space.pp_schedules is None else space.pp_schedules
     for tp, pp in itertools.product(_divisors(space.gpus), repeat=2):
         if space.gpus % (tp * pp):
@@ -172,7 +175,9 @@ def candidates(spec: ModelSpec, space: SearchSpace) -> Iterable[tuple[Candidate,
                     par = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb, global_batch=space.global_batch,
                                          sequence_parallel=sp, zero=z, recompute=rc, framework=space.framework, ep=ep,
                                          pp_schedule=sched, ddp_bucket_view=bv)
-                except PlanError:
+                except PlanError as e:
+                    if beyond is not None and len(beyond) < 1:
+                        beyond.append(str(e))
                     continue  # beyond any real job (PP of thousands of stages): not a candidate
                 c = Candidate(prec, par)
                 yield c, invalid_reason(spec, c, space)
@@ -197,9 +202,10 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
          "a number in [0, 1e6] (dollars, as a system file's price is bounded)"))
     for what, amount, low_open, ceiling, rule in bounds:
         if amount is not None and (isinstance(amount, bool) or not isinstance(amount, int | float)
-                                   or not math.isfinite(amount) or amount < 0 or (low_open and amount == 0)
-                                   or amount > ceiling):
-            raise SearchError(f"{what} must be {rule}, got {amount!r}")
+                                   or not (isinstance(amount, int) or math.isfinite(amount))  # (an int of
+                                   # any size is finite; math.isfinite overflows on one beyond a float)
+                                   or amount < 0 or (low_open and amount == 0) or amount > ceiling):
+            raise SearchError(f"{what} must be {rule}, got {repr(amount)[:40]}")
     if space.framework not in ("torch", "megatron"):
         raise SearchError(f"unknown framework {space.framework!r}: torch or megatron")
     if space.optimizer not in OPTIMIZERS:
@@ -223,11 +229,14 @@ def search(engine: Engine, model: dict[str, Any], space: SearchSpace, tokens: fl
     t0 = time.perf_counter()
     ranked: list[Outcome] = []
     rejected: list[Outcome] = []
-    cands = list(candidates(spec, space))
+    beyond: list[str] = []
+    cands = list(candidates(spec, space, beyond))
     valid = [c for c, r in cands if not r]
     for c, r in cands:
         if r:
             rejected.append(Outcome(c, None, None, None, False, r))
+    if not cands and beyond:
+        raise SearchError(f"no split of {space.gpus} GPUs is a configuration to evaluate: {beyond[0]}")
     if not cands:
         raise SearchError(f"no split of {space.gpus} GPUs divides the global batch {space.global_batch} into "
                           f"micro-batches of {', '.join(map(str, space.micro_batches))} on every data-parallel rank")

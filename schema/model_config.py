@@ -382,11 +382,12 @@ def identify(cfg: dict[str, Any]) -> tuple[ArchFamily, str]:
     for a in archs or []:
         if a in ARCHITECTURES:
             fam, own = ARCHITECTURES[a]
-            if isinstance(mt, str) and mt and mt != own and MODEL_TYPES.get(mt, (None,))[0] != fam:
-                # transformers builds a config by its model_type, the model by its architecture: a file that
-                # names two different models is refused, not read as one of them
-                raise ConfigError(f"architectures names {a} (model_type {own!r}) but model_type is {mt!r}: "
-                                  "correct one of them")
+            if isinstance(mt, str) and mt and mt != own:
+                # AutoModelForCausalLM builds by model_type and never reads `architectures`: a file that names two
+                # different models (even of one family here: Mistral's window, Qwen2's biases) is refused, not read
+                # as the one the user may not get
+                raise ConfigError(f"architectures names {a} (model_type {own!r}) but model_type is {mt!r} "
+                                  f"(transformers' AutoModelForCausalLM builds by model_type): correct one of them")
             return fam, own
     if isinstance(mt, str) and mt in MODEL_TYPES:
         return MODEL_TYPES[mt]

@@ -86,6 +86,9 @@ def test_sql_and_db_info(cpu_db: Path) -> None:
     (json.dumps(TINY_LLAMA), ["--seq-len", "1"], "2.."),
     (json.dumps({**TINY_LLAMA, "model_type": "gpt2"}), [], "correct one of them"),
     (json.dumps({**TINY_LLAMA, "model_type": "bogus_xyz"}), [], "correct one of them"),
+    # one family here, two models to transformers (it builds by model_type: Mistral's window, Qwen2's biases)
+    (json.dumps({**TINY_LLAMA, "model_type": "mistral", "sliding_window": 16}), [], "builds by model_type"),
+    (json.dumps({**TINY_LLAMA, "model_type": "qwen2"}), [], "builds by model_type"),
 ])
 def test_bad_input_is_one_line_exit_2(cpu_db: Path, tmp_path: Path, content: str, args: list[str], msg: str) -> None:
     f = tmp_path / "m.json"
@@ -129,12 +132,18 @@ def test_trace_a_user_module(tmp_path: Path, cpu_db: Path) -> None:
     r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["iteration_ms"] > 0
+    assert json.loads(r.stdout)["tokens_per_s"] is None  # its inputs hold no tokens: no rate, not 0 tokens/s
     r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--tp", "2")
     assert r.returncode == 2 and "runs as traced" in r.stderr
     # a flag the graph was not traced with is named as the CLI spells it
     r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db), "--recompute", "full")
     assert r.returncode == 2 and "--recompute full (graph: none)" in r.stderr, r.stderr
     # its inputs have no sequence: a length given would change nothing (it was answered as if none were given)
+    r = run_cli("predict", str(out), "--gpu", "cpu", "--db", str(cpu_db))  # the text names the database it read
+    assert r.returncode == 0 and f"database: {cpu_db}" in r.stdout and "no tokens" in r.stdout, r.stdout
+    r = run_cli("plot", "breakdown", "--model", str(out), "-o", str(tmp_path / "p.svg"), "--gpu", "cpu", "--db",
+                str(cpu_db), "--precision", "fp32")  # each bar's verdict and sources, as predict says them
+    assert r.returncode == 0 and "fp32: " in r.stderr and " fits; sources: " in r.stderr, r.stderr
     for cmd in (["predict", str(out)], ["ops", str(out)], ["plot", "breakdown", "--model", str(out), "-o",
                                                             str(tmp_path / "b.svg"), "--precision", "fp32"]):
         r = run_cli(*cmd, "--gpu", "cpu", "--db", str(cpu_db), "--seq-len", "128")
@@ -145,6 +154,8 @@ def test_trace_a_user_module(tmp_path: Path, cpu_db: Path) -> None:
     with pytest.raises(PredictError, match="does not apply"):
         api.predict(out, gpu="cpu", db=str(cpu_db), precision="fp32", seq_len=128)
     assert api.predict(out, gpu="cpu", db=str(cpu_db), precision="fp32").iteration_ms > 0
+    # the graph's own precision where none is given (it was refused as if amp_bf16 had been asked for)
+    assert api.predict(out, gpu="cpu", db=str(cpu_db)).config["precision"] == "fp32"
 
 
 def test_ops_roll_up_by_kind_and_phase(cpu_db: Path, tiny_llama_file: Path) -> None:

@@ -114,6 +114,12 @@ def test_search_bad_input(cpu_db: Path) -> None:
         search(eng, TINY_LLAMA, SearchSpace(4, 8, 64, precisions=()))
     with pytest.raises(SearchError, match="no split"):
         search(eng, TINY_LLAMA, SearchSpace(3, 7, 64, micro_batches=(2,)))
+    # a global batch every split divides but whose micro-batch count no job reaches: that reason, not "divides"
+    with pytest.raises(SearchError, match="beyond any real job"):
+        search(eng, TINY_LLAMA, SearchSpace(1, (1 << 31) - 1, 64, micro_batches=(1,)))
+    # a token count beyond a float is refused in one line (math.isfinite overflowed on it)
+    with pytest.raises(SearchError, match="tokens must be"):
+        search(eng, TINY_LLAMA, SearchSpace(2, 4, 64), tokens=10**400)
     r = run_cli("search", str(Path(__file__).parent / "nonexistent.json"), "--gpus", "4", "--global-batch", "8")
     assert r.returncode == 2 and "not found" in r.stderr
 
@@ -425,6 +431,9 @@ def test_search_writes_every_configuration_and_how_to_launch_the_best(cpu_db: Pa
     shown = json.loads(r.stdout)
     assert t.num_rows >= len(shown["ranked"]) > 0 and {"dp", "tp", "pp", "iteration_ms", "fits"} <= set(t.column_names)
     best = shown["ranked"][0]
+    for name in ("ALL.PARQUET", ".parquet"):  # the suffix read as the check reads it: Parquet, never CSV inside
+        r = run_cli(*base, "--output", str(tmp_path / name))
+        assert r.returncode == 0 and pq.read_table(tmp_path / name).num_rows == t.num_rows, r.stderr
     r = run_cli(*base, "--output", str(tmp_path / "all.csv"), "--emit", "torchrun")
     assert r.returncode == 0 and f"--dp {best['dp']} --tp {best['tp']} --pp {best['pp']}" in r.stdout
     written = pacsv.read_csv(tmp_path / "all.csv")
