@@ -625,7 +625,8 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         # transformers' rule (Qwen2/3-MoE decoder layer): layer i is dense when it is in mlp_only_layers or
         # (i + 1) % decoder_sparse_step != 0; entries beyond the model name no layer and change nothing
         only = set(_int_list("mlp_only_layers", cfg.get("mlp_only_layers") or [], 0))
-        step = _pos_int("decoder_sparse_step", cfg.get("decoder_sparse_step") or 1)
+        given_step = cfg.get("decoder_sparse_step")  # (0 would be transformers' ZeroDivisionError: refused)
+        step = 1 if given_step is None else _pos_int("decoder_sparse_step", given_step)
         dense = [i for i in range(n_layers) if i in only or (i + 1) % step]
         if dense:
             raise ConfigError(f"dense layers between MoE layers are not modelled for this family: mlp_only_layers / "

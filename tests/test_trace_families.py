@@ -100,6 +100,8 @@ def test_mlp_only_layers_naming_no_layer_is_the_plain_moe_model() -> None:
         assert replace(got, hf_config=plain.hf_config) == plain  # (the config text keeps the key as given)
     with pytest.raises(ConfigError, match=f"1 of the {n} layers dense"):
         parse_config({**base, "mlp_only_layers": [n - 1, n]})
+    with pytest.raises(ConfigError, match="decoder_sparse_step"):
+        parse_config({**base, "decoder_sparse_step": 0})
 
 
 def test_registry_families() -> None:
