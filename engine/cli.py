@@ -814,10 +814,11 @@ def plot(
                            labels=labels, parts=parts), out)
             for n in notes:
                 typer.echo(n, err=True)
+            from tp_query.engine.report import sources_text
+
             for lab, p in preds:  # what each bar rests on, as predict says it (its warnings there)
                 typer.echo(f"{lab}: {p.iteration_ms:.1f} ms, peak {p.peak_memory_gib:.1f} GiB "
-                           f"{'fits' if p.fits else 'DOES NOT FIT'}; sources: "
-                           + ", ".join(f"{k} {v:.1%}" for k, v in p.sources.items() if v > 0.0005)
+                           f"{'fits' if p.fits else 'DOES NOT FIT'}; sources: {sources_text(p)}"
                            + (f"; {len(p.warnings)} warnings (tp-query predict shows them)" if p.warnings else ""),
                            err=True)
         elif what == "latency":

@@ -97,6 +97,7 @@ class StageWork:
     param_numel: int
     param_bytes: int
     layer_param_bytes: tuple[int, ...]  # one decoder layer's parameters as the framework models take them
+    sums: ParamSums  # the parameters' totals, summed once per parameter list
     # the stage's layers per traced template (layer kind), where kinds differ: its layer section weighs each
     # kind by its own count (None: the model-wide mix, or uniform layers)
     layer_mix: tuple[tuple[int, int], ...] | None = None
@@ -105,10 +106,6 @@ class StageWork:
     def expert_numel(self) -> int:
         """This rank's routed-expert parameters (their gradients reduce over the expert-data-parallel group)."""
         return self.sums.expert_numel
-
-    @property
-    def sums(self) -> ParamSums:
-        return self.composer.param_sums(self.params)
 
     def _expand(self, phase: Phase, parts: list[tuple[Section, int]]) -> list[Item]:
         out: list[Item] = []
@@ -233,7 +230,7 @@ class Composer:
         self.traced_numel = max(sum(p.numel for p in graph.params), 1)
         # each split's stage list, by what `stages` reads of the split (a search's candidates share them)
         self._stage_lists: dict[tuple[Any, ...], list[StageWork]] = {}
-        self._layouts: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        self._layouts: dict[tuple[int, ...], list[tuple[Any, ...]]] = {}  # per layer split
 
     def part(self, phase: Phase, section: Section) -> list[Item]:
         return self.sections.get((phase, section), [])
@@ -523,15 +520,6 @@ class Composer:
         return _per_shape(params, lambda s: _call_item(OpCall("aten.add_.Tensor", (s, s)), Phase.BWD,
                                                        self.allow_tf32))
 
-    def param_sums(self, params: list[ParamRecord]) -> ParamSums:
-        """A stage parameter list's sums, once per list object (the list is kept beside them, so its id stays its
-        own while the entry lives)."""
-        sums = self._stage_cache.setdefault(("param_sums",), {})
-        hit = sums.get(id(params))
-        if hit is None or hit[0] is not params:
-            hit = sums[id(params)] = (params, ParamSums.of(params))
-        return hit[1]
-
     def _sub(self, key: tuple[object, ...], build: Any) -> Any:
         hit = self._stage_cache.get(key)
         if hit is None:
@@ -610,7 +598,7 @@ class Composer:
                 raise PlanError(f"interleaved 1F1B runs 2 chunks per rank: {n_layers} layers do not split into "
                                 f"{2 * par.pp} equal stages")
         out = []
-        for s, first, last, n, _start, fwd_parts, bwd_parts, kinds, params, mix in self._layout(counts):
+        for s, first, last, n, fwd_parts, bwd_parts, kinds, params, sums, mix in self._layout(counts):
             shards = par.dp if par.zero >= 1 else 1
             expert_shards = par.expert_dp if par.zero >= 1 else 1
             # PyTorch DDP's own kernels (Megatron-Core scales its gradient buffer in its DDP model instead)
@@ -647,13 +635,13 @@ class Composer:
                 self._stage_cache[key] = cached
             opt, accum, ddp, numel, nbytes, layer_bytes = cached
             out.append(StageWork(s, first, last, n, fwd_parts, bwd_parts, opt, accum, ddp, params, self, numel,
-                                 nbytes, layer_bytes, mix))
+                                 nbytes, layer_bytes, sums, mix))
         return out
 
     def _layout(self, counts: list[int]) -> list[tuple[Any, ...]]:
-        """Each stage's place in a split of the layers: (index, first, last, layers, start, forward and backward
-        sections, layer kinds, parameters, layer mix), once per split (a planner's variants of one PP share it)."""
-        key = ("layout", self.param_key, tuple(counts))
+        """Each stage's place in a split of the layers: (index, first, last, layers, forward and backward sections,
+        layer kinds, parameters, their sums, layer mix), once per split (a planner's variants of one PP share it)."""
+        key = tuple(counts)
         hit = self._layouts.get(key)
         if hit is not None:
             return hit
@@ -674,8 +662,9 @@ class Composer:
             # stage of the same kinds
             params = self._sub(("params", self.param_key, first, last, n, start),
                                functools.partial(self.stage_params, first, last, n, start))
+            sums = self._sub(("sums", self.param_key, first, last, n, start), functools.partial(ParamSums.of, params))
             mix = self.stage_mix(start, n) if len(counts) > 1 else None
-            out.append((s, first, last, n, start, fwd_parts, bwd_parts, kinds, params, mix))
+            out.append((s, first, last, n, fwd_parts, bwd_parts, kinds, params, sums, mix))
         self._layouts[key] = out
         return out
 

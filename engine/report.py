@@ -54,6 +54,11 @@ def _memory_parts(m: dict[str, float], prefix: str) -> str:
                      if k != "gathered" or m.get(f"{prefix}gathered_gib"))
 
 
+def sources_text(p: Prediction) -> str:
+    """Where the time comes from, each source's share (those under 0.05% left out)."""
+    return ", ".join(f"{k} {v:.1%}" for k, v in p.sources.items() if v > 0.0005)
+
+
 def prediction_table(p: Prediction) -> str:
     c = p.config
     lines = [
@@ -84,7 +89,7 @@ def prediction_table(p: Prediction) -> str:
         f"  at the {p.peak_at or 'peak'}: " + _memory_parts(m, "at_peak_"),
         "  largest over the step: " + _memory_parts(m, ""),
         "",
-        "sources of the time: " + ", ".join(f"{k} {v:.1%}" for k, v in p.sources.items() if v > 0.0005),
+        "sources of the time: " + sources_text(p),
     ]
     if len(p.stages) > 1:
         lines.append("stages: " + "; ".join(f"#{s['stage']} {s['layers']} layers {s['fwd_ms'] + s['bwd_ms']:.1f} ms/mb "

@@ -176,7 +176,7 @@ def candidates(spec: ModelSpec, space: SearchSpace, beyond: list[str] | None = N
                                          sequence_parallel=sp, zero=z, recompute=rc, framework=space.framework, ep=ep,
                                          pp_schedule=sched, ddp_bucket_view=bv)
                 except PlanError as e:
-                    if beyond is not None and len(beyond) < 1:
+                    if beyond is not None and not beyond:  # the first reason is enough
                         beyond.append(str(e))
                     continue  # beyond any real job (PP of thousands of stages): not a candidate
                 c = Candidate(prec, par)
