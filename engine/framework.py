@@ -903,14 +903,15 @@ def pipeline_time(fwd_us: list[float], bwd_us: list[float], pp: int, m: int, sch
         return m * (fwd_us[0] + bwd_us[0])
     if schedule == PipeSchedule.ONE_F_ONE_B and m > pp and 2 * pp * m > ONE_F_ONE_B_PERIODIC_ACTIONS:
         return _one_f_one_b_periodic(tuple(fwd_us), tuple(bwd_us), pp, m, p2p_us)
-    if schedule == PipeSchedule.GPIPE and 2 * pp * m > ONE_F_ONE_B_PERIODIC_ACTIONS:
+    if schedule == PipeSchedule.GPIPE:  # (faster than the simulation at any size: 8 us against 33 at 12 actions)
         return _gpipe_longest_path(tuple(fwd_us), tuple(bwd_us), pp, m, p2p_us)
     return _pipeline_time(tuple(fwd_us), tuple(bwd_us), pp, m, schedule, p2p_us)
 
 
 # Above this many actions 1F1B is timed through its steady state's max-plus matrix (a few numpy products) rather
-# than action by action (a planner's PP=32 split of 512 micro-batches has 32,768 actions)
-ONE_F_ONE_B_PERIODIC_ACTIONS = 1024
+# than action by action (a planner's PP=32 split of 512 micro-batches has 32,768 actions); the two cost the same
+# near 128 actions here (pp 2 x m 32: 155 against 175 us; pp 2 x m 16: 145 against 96)
+ONE_F_ONE_B_PERIODIC_ACTIONS = 128
 
 
 def _maxplus(a: np.ndarray, b: np.ndarray) -> np.ndarray:

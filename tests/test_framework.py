@@ -201,7 +201,9 @@ def test_pipeline_time_equals_the_event_simulation(schedule: PipeSchedule, pp: i
             with pytest.raises(RuntimeError, match="deadlock"):
                 pipeline_time(fwd, bwd, pp, m, schedule, p2p)
             continue
-        assert pipeline_time(fwd, bwd, pp, m, schedule, p2p) == _simulated(fwd, bwd, pp, m, schedule, p2p)
+        # (GPipe and long 1F1B are timed in closed form: the same maxima of the same sums, another association)
+        assert pipeline_time(fwd, bwd, pp, m, schedule, p2p) == pytest.approx(
+            _simulated(fwd, bwd, pp, m, schedule, p2p), rel=1e-12)
 
 
 _CLOSED_FORMS = {PipeSchedule.ONE_F_ONE_B: _one_f_one_b_periodic, PipeSchedule.GPIPE: _gpipe_longest_path}
