@@ -29,6 +29,10 @@ from .dbcache import DB_ENV, DatabaseError, default_root, is_remote  # noqa: F40
 # No single operator call or collective of a training step runs 100 s (the slowest measured: 0.32 s): a latency
 # beyond it is a damaged or hand-edited row, which one median would not absorb
 MAX_LATENCY_US = 1e8
+# the columns that hold a time measured on the GPU (ops, comm and overlap tables): positive and finite; a
+# framework's value_us is a fitted host term and may be negative
+_MEASURED_TIMES = frozenset({"latency_us", "latency_warm_us", "p20_us", "p80_us", "min_us", "compute_alone_us",
+                             "compute_concurrent_us", "comm_alone_us", "comm_concurrent_us"})
 USER_SQL_MEMORY_MB = 2048  # what one ad-hoc query may hold (DuckDB's memory_limit)
 USER_SQL_TIMEOUT_S = float(os.environ.get("TP_QUERY_SQL_TIMEOUT_S", "60"))  # then the query is interrupted
 USER_SQL_RESULT_MB = 256  # the rows one ad-hoc query may hand back (Arrow bytes); more is refused, not printed
@@ -314,29 +318,35 @@ class Database:
                                     "(one link per database: a file of another machine copied in?)")
 
     def _check_values(self) -> None:
-        """Every measured number finite, and every latency positive and below MAX_LATENCY_US: a zero, negative,
-        huge or NaN time is a damaged or hand-edited file, never averaged into a median (and a NaN host cost or
-        overlap time would never end a timeline: its remaining work never reaches zero)."""
+        """Every measured number finite, every measured time positive and below MAX_LATENCY_US, every count and
+        size not negative, and a collective's message and group real (bytes > 0, ranks >= 2): a zero, negative,
+        huge or NaN value is a damaged or hand-edited file, never averaged into a median (a NaN host cost or overlap
+        time would never end a timeline; a negative message size priced gradient traffic at nothing)."""
         for table in self.tables:
             rel = self.con.table(table)
             ok = "status = 'ok' AND " if "status" in {c.lower() for c in rel.columns} else ""
+            collective = table in ("comm", "overlap")
             for col, typ in zip(rel.columns, rel.types, strict=True):
-                if str(typ) not in ("DOUBLE", "FLOAT"):
+                name = col.lower()
+                integer = str(typ) in ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT",
+                                       "USMALLINT", "UINTEGER", "UBIGINT")
+                if str(typ) not in ("DOUBLE", "FLOAT") and not integer:
                     continue
-                # latencies, and the overlap campaign's times alone (their ratios' denominators)
-                latency = col.lower() in ("latency_us", "latency_warm_us", "compute_alone_us", "comm_alone_us")
-                work = col.lower() in ("flops", "bytes")  # a count: never below zero (the roofline divides by it)
-                bad = f'NOT (isfinite("{col}") AND "{col}" > 0 AND "{col}" < ?)' if latency else \
-                    f'NOT (isfinite("{col}") AND "{col}" >= 0)' if work else f'NOT isfinite("{col}")'
+                args: list[Any] | None = None
+                if integer:  # shape keys, counts, clocks, sizes: never below zero; a collective's message and group
+                    low = (1 if name == "bytes" else 2 if name == "ranks" else 0) if collective else 0
+                    bad, rule = f'"{col}" < {low}', f"{col} is at least {low}"
+                elif name in _MEASURED_TIMES:  # each a time measured on the GPU (the ratios' denominators too)
+                    bad, args = f'NOT (isfinite("{col}") AND "{col}" > 0 AND "{col}" < ?)', [MAX_LATENCY_US]
+                    rule = f"every measured time is a positive finite number below {MAX_LATENCY_US:.0e} us"
+                elif name in ("flops", "bytes", "bus_bw_gbps"):  # a count or rate: the roofline divides by it
+                    bad, rule = f'NOT (isfinite("{col}") AND "{col}" >= 0)', "counts and rates are finite, not negative"
+                else:
+                    bad, rule = f'NOT isfinite("{col}")', "every measured number is finite"
                 # a successful row's latency must be there (the warm one may be: a cold-only measurement)
-                where = f'({bad} OR "{col}" IS NULL)' if ok and col.lower() == "latency_us" else \
-                    f'"{col}" IS NOT NULL AND {bad}'
-                row = self.con.execute(f'SELECT "{col}" FROM {table} WHERE {ok}{where} LIMIT 1',
-                                       [MAX_LATENCY_US] if latency else None).fetchone()
+                where = f'({bad} OR "{col}" IS NULL)' if ok and name == "latency_us" else f'"{col}" IS NOT NULL AND {bad}'
+                row = self.con.execute(f'SELECT "{col}" FROM {table} WHERE {ok}{where} LIMIT 1', args).fetchone()
                 if row:
-                    rule = (f"every latency is a positive finite number below {MAX_LATENCY_US:.0e} us" if latency
-                            else "FLOP and byte counts are finite and not negative" if work
-                            else "every measured number is finite")
                     raise DatabaseError(f"{self.base}/{table}: a measured {col} of {row[0]!r} (a damaged or edited "
                                         f"file: {rule})")
 

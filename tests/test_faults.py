@@ -424,7 +424,9 @@ def test_two_hundred_random_bit_flips_are_all_caught(shipped_copy: Path) -> None
                                    "warm_latency_1e12", "null_latency", "negative_flops",
                                    "nan_framework", "damaged_framework_page", "h100_rows_in_h200_file",
                                    "two_torch_stacks_in_comm", "calibration_out_of_bounds", "calibration_unknown_key",
-                                   "comm_copied_in", "comm_over_pcie", "status_column_dropped", "zero_overlap_time"])
+                                   "comm_copied_in", "comm_over_pcie", "status_column_dropped", "zero_overlap_time",
+                                   "negative_comm_bytes", "one_rank_comm", "negative_concurrent_time",
+                                   "zero_concurrent_comm_time", "negative_shape_key"])
 def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fault: str) -> None:
     root = tmp_path / "db"
     shutil.copytree(shipped_copy / "h200", root / "h200")
@@ -531,6 +533,31 @@ def test_foreign_or_damaged_data_is_named(shipped_copy: Path, tmp_path: Path, fa
         match = {"comm_copied_in": "2 rows of one measurement", "comm_over_pcie": "measured over nvlink and pcie",
                  "status_column_dropped": "it has no status column",
                  "zero_overlap_time": "a measured compute_alone_us of 0.0"}[fault]
+    elif fault in ("negative_comm_bytes", "one_rank_comm", "negative_concurrent_time", "zero_concurrent_comm_time",
+                   "negative_shape_key"):
+        # re-adopted edits of columns the value check did not read: a comm table of negative message sizes priced
+        # every gradient all-reduce at nothing (dp comm 40.1 -> 0.0 ms, no warning); overlap times of zero or below
+        # under-priced the slowed collectives (23.8 -> 5.4 ms); integer keys are sizes and counts
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table, col, value = {"negative_comm_bytes": ("comm", "bytes", -1024),
+                             "one_rank_comm": ("comm", "ranks", 1),
+                             "negative_concurrent_time": ("overlap", "compute_concurrent_us", -100.0),
+                             "zero_concurrent_comm_time": ("overlap", "comm_concurrent_us", 0.0),
+                             "negative_shape_key": ("ops", "m", -4096)}[fault]
+        f, i = next((f, i) for f in sorted((base / table).glob("*.parquet"))  # a successful row that has the column
+                    for i, (v, st) in enumerate(zip(pq.read_table(f).column(col).to_pylist(),
+                                                    pq.read_table(f).column("status").to_pylist(), strict=True))
+                    if v is not None and st == "ok")
+        pf = pq.ParquetFile(f)
+        t = pf.read()
+        vals = t.column(col).to_pylist()
+        vals[i] = value
+        t = t.set_column(t.schema.get_field_index(col), col, pa.array(vals, t.schema.field(col).type))
+        pq.write_table(t.replace_schema_metadata(pf.schema_arrow.metadata), f)
+        manifest.adopt(base, "h200")
+        match = f"a measured {col} of {value!r}"
     elif fault == "damaged_framework_page":  # the first page's header overwritten, then adopted: the table was
         f = sorted((base / "framework").glob("*.parquet"))[0]  # dropped as if absent (-21% at DP=2 TP=2)
         raw = bytearray(f.read_bytes())
