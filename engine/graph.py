@@ -9,6 +9,7 @@ pipeline stage from these sections. Communication points are records too (op "co
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -152,13 +153,19 @@ class Graph:
         return Graph(meta, ops, params, MemoryProfile(**obj["memory"]))
 
     def save(self, path: str | Path) -> None:
-        """Atomically, through a temporary file of this writer's own (concurrent writers never collide)."""
+        """Atomically, through a temporary file of this writer's own (concurrent writers never collide); with the
+        digest of what it holds, so a file edited afterwards is told apart from one the trace wrote."""
         p = Path(path)
-        data = json.dumps(self.to_json(), separators=(",", ":")).encode()
+        obj = self.to_json()
+        obj["digest"] = graph_digest(obj)
+        data = json.dumps(obj, separators=(",", ":")).encode()
         import tempfile  # only a save needs it (a prediction reads graphs; its import costs ~4 ms)
+
+        from tp_query.schema.manifest import readable_mode
 
         fd, tmp = tempfile.mkstemp(prefix="." + p.name + ".", suffix=".tmp", dir=p.parent)
         try:
+            os.fchmod(fd, readable_mode())  # a traced file is the user's, as any file they write (mkstemp: 0600)
             with os.fdopen(fd, "wb") as f:
                 f.write(gzip.compress(data, 6) if p.suffix == ".gz" else data)
             os.replace(tmp, p)
@@ -184,6 +191,13 @@ def sequence_parallel_norm(name: str, shape: tuple[int, ...]) -> bool:
     parts = name.split(".")
     module = parts[-2] if len(parts) >= 2 else ""
     return len(shape) == 1 and ("norm" in module or module.startswith("ln_")) and not any(b in name for b in _BLOCKS)
+
+
+def graph_digest(obj: dict[str, Any]) -> str:
+    """sha256 of a graph file's content without its digest, keys sorted (JSON round-trips every value it holds:
+    ints, floats by repr, strings, lists): an edit of the header or of any operator changes it."""
+    body = {k: v for k, v in obj.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def is_graph_json(obj: Any) -> bool:

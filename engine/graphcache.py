@@ -17,7 +17,7 @@ from tp_query.schema.messages import first_line
 from tp_query.schema.model_config import ConfigError, ModelSpec, parse_config
 from tp_query.schema.precision import SETTINGS
 
-from .graph import Graph, Phase, Section, is_graph_json
+from .graph import Graph, Phase, Section, graph_digest, is_graph_json
 from .request import MAX_SEQ, PredictError, PredictRequest
 
 if TYPE_CHECKING:
@@ -280,6 +280,18 @@ def graph_refusal(g: Graph) -> str:
     return ""
 
 
+def digest_refusal(obj: dict[str, Any]) -> str:
+    """Why a graph file's content is not what `tp-query trace` wrote ("" when it is): its header and operators
+    are read as one record (a header whose seq_len was doubled answered with the shorter step's time at twice its
+    tokens/s), so a file edited after tracing, or written without a digest, is refused."""
+    digest = obj.get("digest")
+    if digest is None:
+        return "it carries no digest (written by hand or by a tp-query before 2026-12-07): trace it again"
+    if not isinstance(digest, str) or digest != graph_digest(obj):
+        return "its content does not match its digest (edited after `tp-query trace` wrote it): trace it again"
+    return ""
+
+
 def graph_for(req: PredictRequest) -> Graph:
     if is_graph_json(req.model):
         try:
@@ -287,7 +299,7 @@ def graph_for(req: PredictRequest) -> Graph:
         except (TypeError, ValueError, KeyError) as e:
             raise PredictError(f"not a valid graph file: {first_line(e)}"
                                ) from None
-        why = graph_refusal(g)
+        why = graph_refusal(g) or digest_refusal(req.model)
         if why:
             raise PredictError(f"not a valid graph file: {why}")
         par = req.parallel

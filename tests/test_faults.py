@@ -317,16 +317,52 @@ def test_graph_files_without_a_step_are_refused(tmp_path: Path) -> None:
              "negative_memory": {**good, "memory": {**good["memory"], "opt_peak_bytes": -10**12}},
              "float_memory": {**good, "memory": {**good["memory"], "static_bytes": 1.5}},
              "negative_seq_len": {**good, "meta": {**good["meta"], "seq_len": -5}}}
-    for name, obj in cases.items():
+    from tp_query.engine.graph import graph_digest
+
+    for name, obj in cases.items():  # each with its own digest: the step's own check refuses it, not the digest's
         p = tmp_path / f"{name}.json"
-        p.write_text(json.dumps(obj))
+        p.write_text(json.dumps({**obj, "digest": graph_digest(obj)}))
         r = _cli(["predict", str(p)])
         lines = [x for x in r.stderr.splitlines() if x.strip()]
         assert r.returncode == 2 and len(lines) == 1 and "not a valid graph file" in lines[0], (name, r.stderr)
+        assert "digest" not in lines[0], (name, r.stderr)
     ok = tmp_path / "ok.json"
-    ok.write_text(json.dumps(good))
+    ok.write_text(json.dumps({**good, "digest": graph_digest(good)}))
     r = _cli(["predict", str(ok), "--seq-len", "0"])
     assert r.returncode == 2 and "--seq-len must be a positive integer" in r.stderr, r.stderr
+
+
+def test_a_graph_file_edited_after_tracing_is_refused(tmp_path: Path) -> None:
+    """A graph file's header and operators are one record: its seq_len doubled was answered with the 2,048-token
+    step's time at twice the tokens/s (and a model-FLOP rate above the kernels' own), a hidden size or vocabulary
+    edited moved the parameter count and not the time, a setting edited to fp32 priced bf16 operators as fp32.
+    `trace` writes a digest of the content; an edited file, or one without a digest, is refused in one line."""
+    pytest.importorskip("torch")
+    from tp_query.engine.predict import PredictRequest, graph_for
+    from tp_query.schema.precision import Setting
+
+    g = tmp_path / "tiny.json.gz"
+    graph_for(PredictRequest(model=TINY_LLAMA, model_name="tiny", gpu="cpu", setting=Setting.BF16, seq_len=64)).save(g)
+    r = _cli(["predict", str(g), "--json"])
+    assert r.returncode == 0, r.stderr
+    from tp_query.schema.manifest import readable_mode
+
+    assert g.stat().st_mode & 0o777 == readable_mode()  # the user's file, as the umask makes it (mkstemp: 0600)
+    good = json.loads(gzip.decompress(g.read_bytes()))
+    model = good["meta"]["model"]
+    edits = {"seq_len": {**good, "meta": {**good["meta"], "seq_len": 128}},
+             "hidden_size": {**good, "meta": {**good["meta"], "model": {**model, "hidden_size": 2 * model["hidden_size"]}}},
+             "setting": {**good, "meta": {**good["meta"], "setting": "fp32"}},
+             "an_operator": {**good, "ops": good["ops"][:-1]},
+             "no_digest": {k: v for k, v in good.items() if k != "digest"}}
+    for name, obj in edits.items():
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(obj))
+        flags = ["--seq-len", "128"] if name == "seq_len" else ["--precision", "fp32"] if name == "setting" else []
+        r = _cli(["predict", str(p), *flags])
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        want = "carries no digest" if name == "no_digest" else "does not match its digest"
+        assert r.returncode == 2 and len(lines) == 1 and want in lines[0], (name, r.stderr)
 
 
 def test_graph_files_honour_or_refuse_every_flag(tmp_path: Path) -> None:
