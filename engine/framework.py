@@ -121,7 +121,7 @@ class FrameworkData:
     _named_since: tuple[dt.datetime | None] | None = field(default=None, repr=False)
     # per-instance derivations every view of one table shares (each view picks its instance's or the median): a
     # prediction's range over the instances derives them once, not once per instance
-    _by_machine: dict[str, Any] | None = field(default=None, repr=False)
+    _by_machine: dict[Any, Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self._by_machine is None:
@@ -135,12 +135,20 @@ class FrameworkData:
             key = (str(r["framework"]), str(r["kind"]), str(r.get("setting")), str(r["phase"]), str(r["quantity"]))
             self._index.setdefault(key, []).append(r)
 
-    def _indexed(self, framework: str, kind: Callable[[str], bool], setting: str, phase: str | None = None,
-                 quantity: str | None = None) -> list[dict[str, Any]]:
-        """Host rows of a framework whose kind passes `kind`, of one setting (and phase, quantity)."""
-        assert self._index is not None
-        return [r for (fw, k, st, ph, q), rows in self._index.items() if fw == framework and st == setting
-                and kind(k) and (phase is None or ph == phase) and (quantity is None or q == quantity) for r in rows]
+    def _indexed(self, framework: str, kind: str, setting: str, phase: str | None = None,
+                 quantity: str | None = None, prefix: bool = False) -> list[dict[str, Any]]:
+        """Host rows of a framework of one kind (every kind that starts with it, with prefix), of one setting (and
+        phase, quantity); found once per question for every view of the table (a prediction's range over the
+        host instances asks each view the same ones)."""
+        assert self._index is not None and self._by_machine is not None
+        key = ("rows", framework, kind, prefix, setting, phase, quantity)
+        hit = self._by_machine.get(key)
+        if hit is None:
+            hit = self._by_machine[key] = [
+                r for (fw, k, st, ph, q), rows in self._index.items() if fw == framework and st == setting
+                and (k.startswith(kind) if prefix else k == kind) and (phase is None or ph == phase)
+                and (quantity is None or q == quantity) for r in rows]
+        return hit
 
     def settings_of(self, framework: str, kind: str) -> list[str]:
         """The settings a framework's kind has host rows for."""
@@ -248,7 +256,7 @@ class FrameworkData:
 
     def _probe_means(self, kind: str, setting: str, phase: str, quantity: str) -> dict[str, float]:
         """Each instance's mean of one quantity of a host-probe kind (plain, chain_views, chain_launches)."""
-        return self._mean_per_machine([r for r in self._indexed("torch", lambda k: k == kind, setting, phase, quantity)
+        return self._mean_per_machine([r for r in self._indexed("torch", kind, setting, phase, quantity)
                                        if r.get("status") == "ok"])
 
     def interference(self, ranks: int, precision_class: str) -> Interference:
@@ -299,8 +307,8 @@ class FrameworkData:
     def mean_op_host_us(self, setting: str, phase: str) -> float:
         """The plain layer's mean host cost per operator of a phase, views and launching ones together (nan when
         not measured): what the probe measured before its operators were told apart."""
-        rows = self._host_rows([r for r in self._indexed("torch", lambda k: k.startswith("plain"), setting, phase,
-                                                         "per_op_us") if r["value_us"] > 0])
+        rows = self._host_rows([r for r in self._indexed("torch", "plain", setting, phase, "per_op_us",
+                                                         prefix=True) if r["value_us"] > 0])
         return self._median_over_machines(rows) if rows else float("nan")
 
     @staticmethod
@@ -354,7 +362,7 @@ class FrameworkData:
         """Each instance's qualifying slopes (as fractions of its plain mean) and the plain layer's counts."""
         def fits(kind: str) -> dict[str, tuple[float, float]]:
             out: dict[str, tuple[float, float]] = {}
-            for r in self._indexed("torch", lambda k: k == kind, setting, "fwd", "per_layer_us"):
+            for r in self._indexed("torch", kind, setting, "fwd", "per_layer_us"):
                 fit = _slope_and_se(r.get("samples_json")) if r.get("status") == "ok" else None
                 if fit is not None:
                     out[r.get("machine") or FIRST_MACHINE] = fit
@@ -446,7 +454,7 @@ class FrameworkData:
         for m in {r.get("machine") or FIRST_MACHINE for r in self.host}:
             fixed = {}
             for st in ("amp_fp16", "amp_bf16"):
-                rows = [r for r in self._indexed("torch", lambda k: k == "plain", st, "opt", "fixed_us")
+                rows = [r for r in self._indexed("torch", "plain", st, "opt", "fixed_us")
                         if (r.get("machine") or FIRST_MACHINE) == m and r.get("status") == "ok"]
                 if rows:
                     fixed[st] = statistics.median(float(r["value_us"]) for r in rows)
@@ -471,9 +479,9 @@ class FrameworkData:
             # each setting (median over them), not one setting's single fit (DDP's amp_bf16 fit alone gave
             # 1 ms of forward host work a layer, where DDP's forward does nothing per layer; its bf16 fit gave 0)
             rows = self._host_rows([r for st in self.settings_of(framework, kind)
-                                    for r in self._indexed(framework, lambda k: k == kind, st)])
+                                    for r in self._indexed(framework, kind, st)])
         else:
-            rows = self._host_rows(self._indexed(framework, lambda k: k == kind, setting))
+            rows = self._host_rows(self._indexed(framework, kind, setting))
         if not rows:
             return HostExtra.none(kind)
         have = sorted({int(r["ranks"]) for r in rows})
