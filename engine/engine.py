@@ -74,7 +74,7 @@ class Engine:
         self.db = DbSnapshot(self.gpu.name, db_root, torch_version)  # no DuckDB when a snapshot exists
         self.latency = LatencyModel(self.db, self.gpu)
         self.host = self._host_model(db_root)
-        if system is not None and system.gpu.lower() != self.gpu.name:  # (gpu = "H200" names the h200)
+        if system is not None and system.gpu != self.gpu.name:
             raise PredictError(f"system {system.name!r} has {system.gpu} GPUs, not {self.gpu.name}")
         self.system = system
         self.comm = CommModel(self.gpu, self._comm_table(), system)

@@ -72,8 +72,13 @@ class UnknownGpu(ValueError):
     pass
 
 
+def gpu_key(name: str) -> str:
+    """A GPU type as a user names it ("H200", " h200") in the form GPUS and the database folders use."""
+    return name.strip().lower()
+
+
 def gpu_spec(name: str) -> GpuSpec:
-    key = name.strip().lower()
+    key = gpu_key(name)
     if key not in GPUS:
         raise UnknownGpu(f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))}")
     return GPUS[key]

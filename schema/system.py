@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from .gpus import gpu_key
 from .messages import first_line
 
 PRESET_DIR = Path(__file__).resolve().parent / "systems"
@@ -70,7 +71,7 @@ def load_system(ref: str) -> SystemSpec:
         raise SystemError_(f"{path}: unknown key {unknown[0]!r} (a system file has {', '.join(sorted(SYSTEM_KEYS))})")
     price = d.get("price_per_gpu_hour")
     return SystemSpec(
-        name=str(d.get("name", path.stem)), gpu=gpu, gpus_per_node=gpn,
+        name=str(d.get("name", path.stem)), gpu=gpu_key(gpu), gpus_per_node=gpn,
         nvlink_bytes_per_s=num("nvlink_gbytes_per_s", 0, 1e5) * 1e9,
         nvlink_latency_s=num("nvlink_latency_us", 0, 1e6) * 1e-6,
         network_bytes_per_s=num("network_gbytes_per_s", 0, 1e5) * 1e9,

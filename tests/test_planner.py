@@ -556,6 +556,12 @@ def test_system_files_set_the_cluster(cpu_db: Path, tiny_llama_file: Path, tmp_p
     apart = json.loads(r.stdout)
     assert apart["config"]["system"] == "tiny-cluster"
     assert apart["breakdown"]["dp_comm_ms"] > alone["breakdown"]["dp_comm_ms"]  # DP now crosses a slow network
+    # the GPU named as --gpu takes it (any case, spaces around): the same cluster, not a mismatch
+    upper = tmp_path / "upper.toml"
+    upper.write_text(one_per_node.read_text().replace('gpu = "cpu"', 'gpu = " CPU "'))
+    assert load_system(str(upper)).gpu == "cpu"
+    r = run_cli(*base, "--system", str(upper))
+    assert r.returncode == 0 and json.loads(r.stdout)["breakdown"] == apart["breakdown"], r.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text('gpu = "cpu"\ngpus_per_node = 1\nnvlink_gbytes_per_s = -5\n')
     r = run_cli(*base, "--system", str(bad))
