@@ -658,7 +658,11 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     # a model type known only to transformers keeps its own layer_types rule unless the config lists them (the
     # trace checks the parser's reading against it)
     given_types = layer_types if family != ArchFamily.TRANSFORMERS or "layer_types" in cfg else ()
-    hf_cfg = "" if native else json.dumps(_hf_config(raw, model_type, given_types), sort_keys=True)
+    hf_raw = raw
+    if "head_dim" in raw and raw["head_dim"] is None and model_type in NULL_HEAD_DIM_TYPES:
+        # the model's head size, stated: otherwise a TP rank's module sizes its heads from its divided head count
+        hf_raw = {**raw, "head_dim": head_dim}
+    hf_cfg = "" if native else json.dumps(_hf_config(hf_raw, model_type, given_types), sort_keys=True)
     return ModelSpec(
         name=name, family=family, model_type=model_type,
         vocab_size=vocab, hidden_size=h, num_layers=n_layers,
@@ -829,6 +833,13 @@ def per_layer_overrides_by_type(cfg: dict[str, Any], layer_types: Sequence[str])
             raise ConfigError(f"per_layer_config overrides {c} of the {of_type[t]} {t} layers: "
                               "layers that differ along the depth this way are not modelled")
     return by_type
+
+
+# Model types whose transformers modules size a null head_dim as hidden_size / num_attention_heads, as a missing one
+# (configuration_llama.py and configuration_mistral.py fill it in; modeling_mixtral.py reads `head_dim or hidden /
+# heads`); transformers' own to_dict() writes the null for Mistral and Mixtral. Other types keep the null they are
+# given (most of their modules cannot be built with it). tests/test_schema.py builds each one's attention to check.
+NULL_HEAD_DIM_TYPES = frozenset({"llama", "mistral", "mixtral"})
 
 
 def _hf_config(cfg: dict[str, Any], model_type: str, layer_types: tuple[str, ...]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from tp_query.schema.model_config import (
+    NULL_HEAD_DIM_TYPES,
     ROPE_TYPES,
     WINDOW_RULES,
     ArchFamily,
@@ -436,3 +437,51 @@ def test_layers_transformers_derives_are_refused_for_what_they_are() -> None:
         check_layer_kinds(parse_config(jamba))
     notes = config_notes({"model_type": "deepseek_v3", "num_hidden_layers": 4, "num_nextn_predict_layers": 1})
     assert any("multi-token-prediction" in n for n in notes)
+
+
+_NULL_HEAD_DIM_PROBES = ["llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma2",
+                         "gemma3_text"]
+
+
+def _tiny(mt: str, **extra: object) -> dict:
+    cfg = {"model_type": mt, **_SIZES, "num_hidden_layers": 1, **extra}
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        cfg.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=256)
+    if mt == "mixtral":
+        cfg.update(num_local_experts=4, num_experts_per_tok=2)
+    return cfg
+
+
+@pytest.mark.skipif(not SAME_VERSION, reason="the list was read from another transformers version")
+@pytest.mark.parametrize("mt", _NULL_HEAD_DIM_PROBES)
+def test_null_head_dim_types_are_those_transformers_sizes_from_hidden(mt: str) -> None:
+    """A null head_dim is stated as hidden / heads exactly for the types whose modules build it so (their own
+    to_dict() writes the null for Mistral and Mixtral); the others cannot build it and keep it."""
+    import torch
+
+    try:
+        obj = transformers.AutoConfig.for_model(**_tiny(mt, head_dim=None))
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(obj)
+        attn = next(m for n, m in model.named_modules() if n.endswith("self_attn"))
+        built = attn.head_dim
+    except Exception:  # (a None in the module's arithmetic, or the config class's own validation)
+        built = None
+    assert (built == _SIZES["hidden_size"] // _SIZES["num_attention_heads"]) == (mt in NULL_HEAD_DIM_TYPES)
+
+
+@pytest.mark.parametrize("mt", sorted(NULL_HEAD_DIM_TYPES))
+def test_null_head_dim_keeps_the_head_size_under_tp(mt: str) -> None:
+    """Mixtral's or a windowed Mistral's config with "head_dim": null at TP=2 was traced with each rank's q/o
+    projections whole (the head size taken from the divided head count): +16% at TP 4 on a Mixtral slice."""
+    from tp_query.engine.trace.hf_models import hf_config_for
+    from tp_query.engine.trace.models import Shard
+
+    extra = {"sliding_window": 64} if mt == "mistral" else {}
+    with_null, without = parse_config(_tiny(mt, head_dim=None, **extra)), parse_config(_tiny(mt, **extra))
+    assert with_null.head_dim == without.head_dim == _SIZES["hidden_size"] // _SIZES["num_attention_heads"]
+    if with_null.builder.value == "native":  # Llama without a window: transformers is not handed the config
+        return
+    rank = hf_config_for(with_null, Shard(tp=2))
+    assert rank.num_attention_heads == _SIZES["num_attention_heads"] // 2
+    assert rank.head_dim == without.head_dim
