@@ -647,7 +647,13 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         raise ConfigError(f"rope_type {rtype!r} recomputes its frequencies from each batch's positions (a max over "
                           "them and a host sync every forward in transformers), which the native builder does not "
                           "model; the types modelled for this family: default, linear, llama3, yarn")
-    if family != ArchFamily.TRANSFORMERS and rtype != "default" and _factor_below_one(cfg):
+    if rtype == "dynamic":
+        raise ConfigError("rope_type 'dynamic' recomputes its frequencies whenever a batch's positions outgrow its "
+                          "cache (host synchronisations whose outcome depends on earlier batches): not modelled")
+    # (Phi-3's and GPT-NeoX's modules rotate the first partial_rotary_factor of each head, and every RoPE type's
+    # frequencies have that size: modeling_phi3.py apply_rotary_pos_emb, modeling_rope_utils)
+    if family not in (ArchFamily.TRANSFORMERS, ArchFamily.PHI3, ArchFamily.GPT_NEOX) and rtype != "default" \
+            and _factor_below_one(cfg):
         raise ConfigError(f"partial_rotary_factor below 1 with rope_type {rtype!r}: transformers' {model_type} cannot "
                           "build it (its frequencies have the full head size); drop one of them")
     if native and act not in NATIVE_LLAMA_ACTS:

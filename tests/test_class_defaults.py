@@ -485,3 +485,58 @@ def test_null_head_dim_keeps_the_head_size_under_tp(mt: str) -> None:
     rank = hf_config_for(with_null, Shard(tp=2))
     assert rank.num_attention_heads == _SIZES["num_attention_heads"] // 2
     assert rank.head_dim == without.head_dim
+
+
+def _tiny_longrope(**extra: object) -> dict:
+    """A Phi-4-mini-like config at test size: longrope over the rotated 3/4 of each 32-wide head (12 factors)."""
+    rot = 12
+    return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 128, "intermediate_size": 256,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 512,
+            "pad_token_id": 0, "max_position_embeddings": 256, "original_max_position_embeddings": 32,
+            "partial_rotary_factor": 0.75,
+            "rope_scaling": {"type": "longrope", "long_factor": [1.0 + i / 8 for i in range(rot)],
+                             "short_factor": [1.0 + i / 32 for i in range(rot)]}, **extra}
+
+
+@pytest.mark.parametrize("seq", [16, 48])
+def test_longrope_update_is_transformers_own(seq: int) -> None:
+    """The trace's longrope step (its short or long factors chosen by the step's positions) computes what
+    transformers' own does on real tensors, below and beyond original_max_position_embeddings."""
+    import torch
+    from tp_query.engine.trace.hf_models import _patch_longrope
+
+    def rotary() -> torch.nn.Module:
+        torch.manual_seed(0)
+        with torch.device("cpu"):
+            m = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(
+                **{k: v for k, v in _tiny_longrope().items() if k != "architectures"}))
+        return next(mod for mod in m.modules() if hasattr(mod, "rope_type"))
+
+    x = torch.randn(1, seq, 128)
+    pos = torch.arange(seq)[None]
+    own, ours = rotary(), rotary()
+    _patch_longrope(ours)
+    assert "forward" in vars(ours) and "forward" not in vars(own)
+    for _ in range(2):  # (the long factors are cached after the first step)
+        want, got = own(x, pos), ours(x, pos)
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+        assert torch.equal(own.inv_freq, ours.inv_freq)
+
+
+def test_longrope_is_traced_with_its_host_sync() -> None:
+    """Phi-3/Phi-4-mini's longrope was refused: Phi-4-mini for a partial rotary factor its module does slice, and
+    every longrope config by the trace (`if max(positions) + 1 > original_max_position_embeddings` cannot be
+    decided on fake tensors). It is now traced with the step's max, comparison and host synchronisation."""
+    pytest.importorskip("torch")
+    from tp_query.engine.trace.capture import TraceRequest, trace_config
+    from tp_query.schema.precision import Setting
+
+    spec = parse_config(_tiny_longrope())
+    assert spec.rope_type == "longrope"
+    for seq in (16, 64):
+        g = trace_config(TraceRequest(spec, Setting.BF16, 1, seq, 1, False, False, "adamw"))
+        embed = [o.op for o in g.ops if o.section.value == "embed" and o.phase.value == "fwd"]
+        assert "aten._local_scalar_dense.default" in embed and "aten.max.default" in embed
+    with pytest.raises(ConfigError, match="dynamic"):
+        parse_config({**_tiny_longrope(), "rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
+                      "partial_rotary_factor": 1.0})

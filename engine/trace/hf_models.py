@@ -38,7 +38,16 @@ from tp_query.schema.model_config import (
     with_depth_defaults,
 )
 
-from .models import Shard, TPRegion, _ReduceFromTP, _ScatterSP, causal_lm_loss, packed_sequence_check
+from .models import (
+    Shard,
+    TPRegion,
+    _is_fake,
+    _ReduceFromTP,
+    _ScatterSP,
+    causal_lm_loss,
+    emit_sync,
+    packed_sequence_check,
+)
 
 # Config keys a TP split divides (transformers builds the per-rank module from the divided config).
 _TP_KEYS = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "moe_intermediate_size",
@@ -135,6 +144,76 @@ def _patch_packed_check() -> None:
 
     find_packed_sequence_indices._tp_query = True  # type: ignore[attr-defined]
     mu.find_packed_sequence_indices = find_packed_sequence_indices
+
+
+def _patch_longrope(hf: nn.Module) -> None:
+    """transformers' longrope (Phi-3 and Phi-4 mini, Phi-3.5-MoE) chooses its short or long factors every forward
+    from `torch.max(position_ids) + 1 > original_max_position_embeddings`, a host synchronisation that a fake run
+    cannot decide. A training step's positions are 0 .. seq - 1, so the choice is the sequence length's; the max,
+    the comparison and the synchronisation are recorded as a real run performs them (modeling_rope_utils's
+    dynamic_rope_update, whose undecorated forward runs after)."""
+    for mod in hf.modules():
+        kinds = getattr(mod, "rope_type", None)
+        if kinds is None or "longrope" not in (set(kinds.values()) if isinstance(kinds, dict) else {kinds}):
+            continue
+        # the class's forward: torch.no_grad() around dynamic_rope_update's wrapper around the RoPE forward
+        outer: list[Any] = []
+        layer: Any = type(mod).forward
+        while layer is not None and not any(getattr(c.cell_contents, "__name__", "") == "longrope_frequency_update"
+                                            for c in (layer.__closure__ or ())):
+            outer.append(layer)
+            layer = getattr(layer, "__wrapped__", None)
+        if layer is None or not all(_is_no_grad_decorator(f) for f in outer):
+            continue  # another layout: left as transformers runs it (the trace then says what it met)
+        mod.forward = functools.partial(_longrope_forward, mod, layer.__wrapped__, bool(outer))
+
+
+def _is_no_grad_decorator(f: Any) -> bool:
+    """Whether a function is torch.no_grad()'s decorating wrapper (its closure holds the context's factory)."""
+    return any(isinstance(getattr(c.cell_contents, "__self__", None), torch.no_grad) for c in (f.__closure__ or ()))
+
+
+def _longrope_forward(mod: Any, rope_forward: Any, no_grad: bool, x: torch.Tensor, position_ids: torch.Tensor,
+                      layer_type: str | None = None) -> Any:
+    with torch.no_grad() if no_grad else contextlib.nullcontext():
+        rope_type = mod.rope_type if layer_type is None else mod.rope_type[layer_type]
+        kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+        if "dynamic" in rope_type:  # (refused when the config is parsed: its cache depends on every batch's positions)
+            raise ConfigError("rope_type 'dynamic' recomputes its frequencies from each batch's positions: not modelled")
+        if rope_type == "longrope":
+            _longrope_update(mod, position_ids, x.device, layer_type)
+        return rope_forward(mod, x, position_ids, **kwargs)
+
+
+def _longrope_update(mod: Any, position_ids: torch.Tensor, device: torch.device, layer_type: str | None) -> None:
+    """transformers 5.17's longrope_frequency_update, its branch decided by the step's positions under fake tensors
+    (the `hasattr` test names the cached long frequencies as transformers does)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    seq_len = torch.max(position_ids) + 1
+    if layer_type is None:
+        rope_type, original_inv_freq, prefix = mod.rope_type, mod.original_inv_freq, ""
+        original_max = mod.config.rope_parameters["original_max_position_embeddings"]
+    else:
+        rope_type, prefix = mod.rope_type[layer_type], f"{layer_type}_"
+        original_inv_freq = getattr(mod, f"{layer_type}_original_inv_freq")
+        original_max = mod.config.rope_parameters[layer_type]["original_max_position_embeddings"]
+    flag = seq_len > original_max
+    if _is_fake(flag):
+        emit_sync(flag)  # bool(flag) in the real run
+        longer = int(position_ids.shape[-1]) > original_max
+    else:
+        longer = bool(flag)
+    if longer:
+        if not hasattr(mod, f"{layer_type}_long_inv_freq"):
+            long_inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](mod.config, device, seq_len=original_max + 1,
+                                                              layer_type=layer_type)
+        mod.register_buffer(f"{prefix}inv_freq", long_inv_freq, persistent=False)
+        setattr(mod, f"{prefix}long_inv_freq", long_inv_freq)
+    else:
+        original_inv_freq = original_inv_freq.to(device)
+        mod.register_buffer(f"{prefix}inv_freq", original_inv_freq, persistent=False)
+        setattr(mod, f"{prefix}original_inv_freq", original_inv_freq)
 
 
 _CPU_BRANCH = 'histc_input = expert_ids_g.float() if device.type in ("cpu", "mps") else expert_ids_g.int()'
@@ -512,6 +591,7 @@ class HFCausalLM(nn.Module):
         except Exception as e:  # a model type's own construction checks, in one line
             raise ConfigError(f"transformers cannot build {spec.model_type!r} for causal-LM training: "
                               f"{first_line(e)}") from None
+        _patch_longrope(hf)
         mt = spec.model_type
         base, layers = _base_and_layers(hf, mt)
         self.embed = _Section()  # registered before the layers: the parameters' order is the model's
