@@ -581,6 +581,7 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
         head_dim = max(1, h // heads)
     theta, rtype = _rope(cfg)
     n_layers = _pos_int("num_hidden_layers", _need(cfg, "num_hidden_layers"))
+    _uniform_heads_per_layer(cfg, n_layers)
     act = str(_need(cfg, *_ACT_KEYS.get(family, ("hidden_act", "hidden_activation")),
                     default=_ACT_DEFAULT.get(family, "silu")))
     if act not in _ACTS and family != ArchFamily.TRANSFORMERS:  # transformers' own module applies its own
@@ -743,6 +744,22 @@ def with_depth_defaults(cfg: dict[str, Any]) -> dict[str, Any]:
     """The config with its model type's defaults for the depth keys it leaves out (or leaves empty)."""
     d = DEPTH_DEFAULTS.get(str(cfg.get("model_type")), {})
     return {**cfg, **{k: v for k, v in d.items() if cfg.get(k) in (None, [])}}
+
+
+def _uniform_heads_per_layer(cfg: dict[str, Any], n_layers: int) -> None:
+    """Laguna's `num_attention_heads_per_layer` (its class writes one entry per layer even when all are alike; each
+    layer's attention takes its own): one head count for every layer is modelled (a trace's cut keeps that many
+    entries, and TP divides them), layers that differ in their head counts are not."""
+    v = cfg.get("num_attention_heads_per_layer")
+    if v is None:
+        return
+    if not (isinstance(v, list) and len(v) == n_layers
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)):
+        raise ConfigError(f"num_attention_heads_per_layer must list one positive integer per layer ({n_layers}), "
+                          f"got {str(v)[:60]}")
+    if len(set(v)) > 1:
+        raise ConfigError(f"num_attention_heads_per_layer: layers with different head counts ({sorted(set(v))}) are "
+                          "not modelled; for this model use `tp-query trace`")
 
 
 def _refuse_mixed_depth(cfg: dict[str, Any]) -> None:

@@ -540,3 +540,30 @@ def test_longrope_is_traced_with_its_host_sync() -> None:
     with pytest.raises(ConfigError, match="dynamic"):
         parse_config({**_tiny_longrope(), "rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
                       "partial_rotary_factor": 1.0})
+
+
+_LAGUNA = {"model_type": "laguna", "architectures": ["LagunaForCausalLM"], "vocab_size": 512, "hidden_size": 128,
+           "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 32, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "num_experts": 4,
+           "num_experts_per_tok": 2, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+           "layer_types": ["full_attention"] * 4}
+
+
+def test_laguna_heads_per_layer_as_its_class_writes_them() -> None:
+    """Laguna's class writes `num_attention_heads_per_layer` (one entry per layer) into every saved config: the
+    trace's cut kept the whole model's list, and transformers refused it, so every saved Laguna config was refused.
+    One count for every layer is now cut with the layers and divided under TP; different counts are refused."""
+    pytest.importorskip("torch")
+    from tp_query.engine.trace.hf_models import hf_config_for
+    from tp_query.engine.trace.models import Shard
+
+    saved = {**_LAGUNA, "num_attention_heads_per_layer": [4] * 4}
+    spec, plain = parse_config(saved), parse_config(_LAGUNA)
+    for tp in (1, 2):
+        rank = hf_config_for(spec.with_layers(2), Shard(tp=tp))
+        assert rank.num_attention_heads_per_layer == [4 // tp] * rank.num_hidden_layers
+        assert rank.num_attention_heads_per_layer == hf_config_for(plain.with_layers(2), Shard(tp=tp)).num_attention_heads_per_layer
+    with pytest.raises(ConfigError, match="different head counts"):
+        parse_config({**_LAGUNA, "num_attention_heads_per_layer": [4, 4, 8, 8]})
+    with pytest.raises(ConfigError, match="one positive integer per layer"):
+        parse_config({**_LAGUNA, "num_attention_heads_per_layer": [4, 4]})

@@ -252,6 +252,8 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
     elif isinstance(cfg.get("layer_types"), list):  # every layer full (as transformers >= 4.53 saves the list)
         cfg["layer_types"] = ["full_attention"] * spec.num_layers
     _write_depth_kinds(cfg, spec)
+    if cfg.get("num_attention_heads_per_layer"):  # (one count for every layer: the parser refused others)
+        cfg["num_attention_heads_per_layer"] = [cfg["num_attention_heads_per_layer"][0]] * spec.num_layers
     if "head_dim" not in cfg and spec.family not in (ArchFamily.GPT_NEOX, ArchFamily.TRANSFORMERS):
         cfg["head_dim"] = spec.head_dim
     if shard.tp > 1:
@@ -271,6 +273,11 @@ def hf_config_for(spec: ModelSpec, shard: Shard) -> Any:
             v = _global_attr(whole, k)
             if cfg.get(k) is None and isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 cfg[k] = v
+        if cfg.get("num_attention_heads_per_layer"):
+            heads = cfg["num_attention_heads_per_layer"][0]
+            if heads % shard.tp:
+                raise UnsupportedSplit(f"num_attention_heads_per_layer {heads} is not divisible by TP={shard.tp}")
+            cfg["num_attention_heads_per_layer"] = [heads // shard.tp] * spec.num_layers
         for d in (cfg, *(cfg.get("per_layer_config") or {}).values()):  # a layer's own head counts divide too
             for k in _TP_KEYS:
                 if d.get(k):
