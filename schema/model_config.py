@@ -941,7 +941,15 @@ def with_class_defaults(cfg: dict[str, Any], model_type: str, family: ArchFamily
     d = table["model_types"].get(model_type, {})
     own = family == ArchFamily.TRANSFORMERS
     taken = {k: v for k, v in d.items() if k not in cfg and not (own and k in _WINDOW_KEYS)}
-    return ({**cfg, **taken}, taken) if taken else (cfg, {})
+    if not taken:
+        return cfg, {}
+    merged = {**cfg, **taken}
+    for alias, canon in aliases.items():  # a default under one name is the setting under the other too (CodeGen's
+        if alias in merged and canon not in merged:  # class field n_embd answers hidden_size)
+            merged[canon] = merged[alias]
+        elif canon in merged and alias not in merged:
+            merged[alias] = merged[canon]
+    return merged, taken
 
 
 def _unwrapped(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
