@@ -737,6 +737,10 @@ DEPTH_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama4_text": {"no_rope_layer_interval": 4, "interleave_moe_layer_step": 1, "attention_chunk_size": 8192},
     "smollm3": {"no_rope_layer_interval": 4}, "afmoe": {"num_dense_layers": 1},
     "ernie4_5_moe": {"moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1},
+    "axk1": {"first_k_dense_replace": 1},
+    # classes that derive mlp_layer_types as ["dense"] + ["sparse"] * (layers - 1) when it is left out
+    "glm4_moe_lite": {"first_k_dense_replace": 1}, "hy_v3": {"first_k_dense_replace": 1},
+    "mimo_v2_flash": {"first_k_dense_replace": 1},
 }
 
 

@@ -591,3 +591,19 @@ def test_llama4_routed_experts_read_with_the_class_defaults() -> None:
     for hf in (full, {"model_type": "llama4_text"}):
         assert dense_routed_experts({"model_type": "llama4_text", "hidden_size": 5120,
                                      "hf_config": json.dumps(hf)}) == (16, 5120, 8192)
+
+
+@pytest.mark.skipif(not SAME_VERSION, reason="the defaults were read from another transformers version")
+@pytest.mark.parametrize("mt", ["axk1", "glm4_moe_lite", "hy_v3", "mimo_v2_flash"])
+def test_dense_first_layers_left_to_the_class(mt: str) -> None:
+    """Classes that make the first layer dense unless told otherwise (AXK1's first_k_dense_replace default 1; GLM-4.7
+    Flash's, HY-V3's and MiMo-V2-Flash's derived mlp_layer_types): a config leaving it out was read as all sparse and
+    refused by the trace's check, while the one transformers saves predicted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    obj = transformers.AutoConfig.for_model(mt, num_hidden_layers=4)
+    k = getattr(obj, "first_k_dense_replace", None)
+    want = tuple(obj.mlp_layer_types) if getattr(obj, "mlp_layer_types", None) else ("dense",) * k + ("sparse",) * (4 - k)
+    spec = parse_config({"model_type": mt, "architectures": [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[mt]],
+                         "num_hidden_layers": 4})
+    assert spec.mlp_layer_types == want
