@@ -26,7 +26,7 @@ def answer(mt: str) -> list:
     for k in ("num_hidden_layers", "n_layer", "num_layers"):
         if k in cfg:
             cfg[k] = 2
-    for k in ("layer_types", "mlp_layer_types", "no_rope_layers"):
+    for k in ("layer_types", "mlp_layer_types", "no_rope_layers", "num_attention_heads_per_layer"):
         if isinstance(cfg.get(k), list):
             cfg[k] = cfg[k][:2]
     if isinstance(cfg.get("per_layer_config"), dict):  # per-layer overrides of the layers kept (Gemma-4)
