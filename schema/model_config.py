@@ -865,7 +865,7 @@ def per_layer_overrides_by_type(cfg: dict[str, Any], layer_types: Sequence[str])
 # Model types whose transformers modules size a null head_dim as hidden_size / num_attention_heads, as a missing one
 # (configuration_llama.py and configuration_mistral.py fill it in; modeling_mixtral.py reads `head_dim or hidden /
 # heads`); transformers' own to_dict() writes the null for Mistral and Mixtral. Other types keep the null they are
-# given (most of their modules cannot be built with it). tests/test_schema.py builds each one's attention to check.
+# given (most of their modules cannot be built with it). tests/test_class_defaults.py builds each one's attention.
 NULL_HEAD_DIM_TYPES = frozenset({"llama", "mistral", "mixtral"})
 
 

@@ -147,9 +147,9 @@ def _patch_packed_check() -> None:
 
 
 def _patch_longrope(hf: nn.Module) -> None:
-    """transformers' longrope (Phi-3 and Phi-4 mini, Phi-3.5-MoE) chooses its short or long factors every forward
-    from `torch.max(position_ids) + 1 > original_max_position_embeddings`, a host synchronisation that a fake run
-    cannot decide. A training step's positions are 0 .. seq - 1, so the choice is the sequence length's; the max,
+    """transformers' longrope (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini) chooses its short or long factors every
+    forward from `torch.max(position_ids) + 1 > original_max_position_embeddings`, a host synchronisation that a fake
+    run cannot decide. A training step's positions are 0 .. seq - 1, so the choice is the sequence length's; the max,
     the comparison and the synchronisation are recorded as a real run performs them (modeling_rope_utils's
     dynamic_rope_update, whose undecorated forward runs after)."""
     for mod in hf.modules():
