@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tp_query.schema.model_config import (
@@ -498,10 +499,23 @@ def _tiny_longrope(**extra: object) -> dict:
                              "short_factor": [1.0 + i / 32 for i in range(rot)]}, **extra}
 
 
+def _tiny_phimoe_longrope(**extra: object) -> dict:
+    """Phi-3.5-MoE's layout at test size: longrope over 32-wide heads (16 factors) with its long and short mscale."""
+    return {"architectures": ["PhimoeForCausalLM"], "model_type": "phimoe", "hidden_size": 128,
+            "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+            "vocab_size": 512, "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 256,
+            "original_max_position_embeddings": 32, "sliding_window": 256,
+            "rope_scaling": {"type": "longrope", "long_factor": [1.0 + i / 8 for i in range(16)],
+                             "short_factor": [1.0 + i / 32 for i in range(16)], "long_mscale": 1.25,
+                             "short_mscale": 1.0}, **extra}
+
+
+@pytest.mark.parametrize("tiny", [_tiny_longrope, _tiny_phimoe_longrope])
 @pytest.mark.parametrize("seq", [16, 48])
-def test_longrope_update_is_transformers_own(seq: int) -> None:
-    """The trace's longrope step (its short or long factors chosen by the step's positions) computes what
-    transformers' own does on real tensors, below and beyond original_max_position_embeddings."""
+def test_longrope_update_is_transformers_own(seq: int, tiny: Any) -> None:
+    """The trace's longrope step (its short or long factors chosen by the step's positions; Phi-3.5-MoE's own
+    forward choosing its mscale the same way) computes what transformers' own does on real tensors, below and beyond
+    original_max_position_embeddings."""
     import torch
     from tp_query.engine.trace.hf_models import _patch_longrope
 
@@ -509,7 +523,7 @@ def test_longrope_update_is_transformers_own(seq: int) -> None:
         torch.manual_seed(0)
         with torch.device("cpu"):
             m = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(
-                **{k: v for k, v in _tiny_longrope().items() if k != "architectures"}))
+                **{k: v for k, v in tiny().items() if k != "architectures"}))
         return next(mod for mod in m.modules() if hasattr(mod, "rope_type"))
 
     x = torch.randn(1, seq, 128)
@@ -531,12 +545,17 @@ def test_longrope_is_traced_with_its_host_sync() -> None:
     from tp_query.engine.trace.capture import TraceRequest, trace_config
     from tp_query.schema.precision import Setting
 
-    spec = parse_config(_tiny_longrope())
-    assert spec.rope_type == "longrope"
-    for seq in (16, 64):
-        g = trace_config(TraceRequest(spec, Setting.BF16, 1, seq, 1, False, False, "adamw"))
+    def syncs(cfg: dict, seq: int) -> int:
+        g = trace_config(TraceRequest(parse_config(cfg), Setting.BF16, 1, seq, 1, False, False, "adamw"))
         embed = [o.op for o in g.ops if o.section.value == "embed" and o.phase.value == "fwd"]
-        assert "aten._local_scalar_dense.default" in embed and "aten.max.default" in embed
+        return embed.count("aten._local_scalar_dense.default")
+
+    # Phi-3: longrope's update (one sync) beside the packed-sequence check; Phi-3.5-MoE: its forward's two more
+    for tiny, more in ((_tiny_longrope, 1), (_tiny_phimoe_longrope, 3)):
+        plain = {k: v for k, v in tiny().items() if k not in ("rope_scaling", "partial_rotary_factor")}
+        assert parse_config(tiny()).rope_type == "longrope"
+        for seq in (16, 64):
+            assert syncs(tiny(), seq) == syncs(plain, seq) + more
     with pytest.raises(ConfigError, match="dynamic"):
         parse_config({**_tiny_longrope(), "rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
                       "partial_rotary_factor": 1.0})

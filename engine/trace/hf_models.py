@@ -165,7 +165,76 @@ def _patch_longrope(hf: nn.Module) -> None:
             layer = getattr(layer, "__wrapped__", None)
         if layer is None or not all(_is_no_grad_decorator(f) for f in outer):
             continue  # another layout: left as transformers runs it (the trace then says what it met)
-        mod.forward = functools.partial(_longrope_forward, mod, layer.__wrapped__, bool(outer))
+        rope_forward = layer.__wrapped__
+        if type(mod).__name__ == "PhimoeRotaryEmbedding":  # its own forward branches on the positions again
+            if _phimoe_source_changed(rope_forward):
+                continue  # (left as transformers runs it: the trace then refuses)
+            rope_forward = _phimoe_rope_forward
+        mod.forward = functools.partial(_longrope_forward, mod, rope_forward, bool(outer))
+
+
+# transformers 5.17's PhimoeRotaryEmbedding.forward, which `_phimoe_rope_forward` mirrors line for line
+_PHIMOE_ROPE_LINES = (
+    "seq_len = torch.max(position_ids) + 1",
+    'if self.config.rope_parameters["rope_type"] != "default" and seq_len:',
+    'self.config.rope_parameters["long_mscale"]',
+    'if seq_len > self.config.rope_parameters["original_max_position_embeddings"]',
+    'else self.config.rope_parameters["short_mscale"]',
+    "inv_freq, attention_scaling = self.rope_init_fn(self.config)",
+    "mscale = attention_scaling if mscale is None else mscale",
+    "inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1).to(dtype=torch.float, device=x.device)",
+    "position_ids_expanded = position_ids[:, None, :].float()",
+    "with maybe_autocast(device_type=device_type, enabled=False):  # Force float32",
+    "freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)",
+    "emb = torch.cat((freqs, freqs), dim=-1)",
+    "cos = emb.cos() * mscale",
+    "sin = emb.sin() * mscale",
+    "return cos.to(x.dtype), sin.to(x.dtype)",
+)
+
+
+def _phimoe_source_changed(fn: Any) -> bool:
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return True
+    return not all(line in src for line in _PHIMOE_ROPE_LINES)
+
+
+def _phimoe_rope_forward(mod: Any, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
+    """Phi-3.5-MoE's rotary forward with its two value-dependent branches (`and seq_len`, the long or short mscale)
+    decided by the step's positions under fake tensors and recorded as the host synchronisations they are."""
+    from transformers.models.phimoe.modeling_phimoe import maybe_autocast
+
+    params = mod.config.rope_parameters
+    mscale = None
+    seq_len = torch.max(position_ids) + 1
+    if params["rope_type"] != "default" and _host_bool(seq_len, True):
+        longer = _host_bool(seq_len > params["original_max_position_embeddings"],
+                            int(position_ids.shape[-1]) > params["original_max_position_embeddings"])
+        mscale = params["long_mscale"] if longer else params["short_mscale"]
+    inv_freq, attention_scaling = mod.rope_init_fn(mod.config)
+    mscale = attention_scaling if mscale is None else mscale
+    inv_freq_expanded = (
+        inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1).to(dtype=torch.float, device=x.device)
+    )
+    position_ids_expanded = position_ids[:, None, :].float()
+    device_type = x.device.type if isinstance(x.device.type, str) and x.device.type != "mps" else "cpu"
+    with maybe_autocast(device_type=device_type, enabled=False):
+        freqs = (inv_freq_expanded @ position_ids_expanded).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * mscale
+        sin = emb.sin() * mscale
+    return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def _host_bool(t: torch.Tensor, known: bool) -> bool:
+    """`bool(t)` as a real run takes it; under fake tensors a recorded synchronisation and the value the step's
+    positions give (`known`)."""
+    if _is_fake(t):
+        emit_sync(t)
+        return known
+    return bool(t)
 
 
 def _is_no_grad_decorator(f: Any) -> bool:
@@ -198,13 +267,7 @@ def _longrope_update(mod: Any, position_ids: torch.Tensor, device: torch.device,
         rope_type, prefix = mod.rope_type[layer_type], f"{layer_type}_"
         original_inv_freq = getattr(mod, f"{layer_type}_original_inv_freq")
         original_max = mod.config.rope_parameters[layer_type]["original_max_position_embeddings"]
-    flag = seq_len > original_max
-    if _is_fake(flag):
-        emit_sync(flag)  # bool(flag) in the real run
-        longer = int(position_ids.shape[-1]) > original_max
-    else:
-        longer = bool(flag)
-    if longer:
+    if _host_bool(seq_len > original_max, int(position_ids.shape[-1]) > original_max):
         if not hasattr(mod, f"{layer_type}_long_inv_freq"):
             long_inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](mod.config, device, seq_len=original_max + 1,
                                                               layer_type=layer_type)
