@@ -468,6 +468,17 @@ def _transformers_layer_types(cfg: dict[str, Any], model_type: str, n: int) -> t
     return tuple(own[:n])
 
 
+def _class_window(cfg: dict[str, Any], model_type: str, n: int) -> int | None:
+    """A transformers-only type's window when the config states neither a window nor layer_types: its class's default
+    window where its class derives sliding layers from it (GPT-OSS every other layer, OLMo-3 and Cohere-2 three in
+    four), else none (the list transformers derives is the one `_layer_types` then reads)."""
+    w = hf_class_defaults()["model_types"].get(model_type, {}).get("sliding_window")
+    if not (isinstance(w, int) and not isinstance(w, bool) and w > 0):
+        return None
+    derived = _transformers_layer_types({**cfg, "sliding_window": w}, model_type, n)
+    return w if derived and SLIDING in derived else None
+
+
 def _every_interval_full(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
     """Qwen3-Next's and Qwen3.5's config classes: every `full_attention_interval`-th layer (default 4) full attention,
     the others linear."""
@@ -593,6 +604,8 @@ def _parse_decoder(cfg: dict[str, Any], name: str, family: ArchFamily, model_typ
     pad = cfg.get("pad_token_id")
     vocab = _pos_int("vocab_size", _need(cfg, "vocab_size"))
     sw = cfg.get("sliding_window")
+    if family == ArchFamily.TRANSFORMERS and "sliding_window" not in cfg and not isinstance(cfg.get("layer_types"), list):
+        sw = _class_window(cfg, model_type, n_layers)
     # use_sliding_window is a field of some config classes only (Qwen2/3 and their MoE and VL text models, SmolLM3):
     # those drop the window unless it is true; every other class never reads the key (Mistral's window applies)
     reads, class_use_sw = _use_sliding_window_field(model_type)

@@ -626,3 +626,34 @@ def test_dense_first_layers_left_to_the_class(mt: str) -> None:
     spec = parse_config({"model_type": mt, "architectures": [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[mt]],
                          "num_hidden_layers": 4})
     assert spec.mlp_layer_types == want
+
+
+_CLASS_WINDOWED = ["gpt_oss", "cohere2", "cohere2_moe", "exaone4", "exaone_moe", "afmoe", "cwm", "olmo3", "vaultgemma",
+                   "gemma4_text", "granite_swa", "granitemoe_swa"]
+
+
+@pytest.mark.skipif(not SAME_VERSION, reason="the defaults were read from another transformers version")
+@pytest.mark.parametrize("mt", _CLASS_WINDOWED)
+def test_sliding_layers_left_to_the_class(mt: str) -> None:
+    """A transformers-only type whose class slides some layers by default (GPT-OSS every other one, OLMo-3 three in
+    four, ...): a config stating neither a window nor layer_types was read as all full and refused by the trace's
+    check, while the config transformers saves predicted. Its class's window and derived layers are now read."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    obj = transformers.AutoConfig.for_model(mt, num_hidden_layers=4)
+    spec = parse_config({"model_type": mt, "architectures": [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[mt]],
+                         "num_hidden_layers": 4})
+    assert spec.layer_types == tuple(obj.layer_types)
+    assert spec.sliding_window == obj.sliding_window
+
+
+@pytest.mark.skipif(not SAME_VERSION, reason="the defaults were read from another transformers version")
+def test_class_windowed_config_predicts_as_saved() -> None:
+    """OLMo-3 left to its class and as transformers saves it (window and layer list stated): the same step."""
+    from tp_query.engine.api import predict
+
+    saved = {k: v for k, v in transformers.AutoConfig.for_model("olmo3", num_hidden_layers=2).to_dict().items()
+             if not k.startswith("_")}
+    base = {"model_type": "olmo3", "architectures": ["Olmo3ForCausalLM"], "num_hidden_layers": 2}
+    a, b = predict({**saved, **base}, seq_len=512), predict(base, seq_len=512)
+    assert a.iteration_ms == b.iteration_ms and a.memory == b.memory
