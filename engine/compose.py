@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from tp_query.schema.model_config import with_class_defaults
+from tp_query.schema.model_config import with_own_class_defaults
 from tp_query.schema.ops import (
     DENSE_ROUTED_MODEL_TYPES,
     CallInfo,
@@ -155,8 +155,7 @@ def dense_routed_experts(model: dict[str, Any]) -> tuple[int, int, int] | None:
     try:
         # (what the file leaves out is its class's default, as transformers builds the module: Llama-4's class
         # fills num_local_experts 16 and intermediate_size 8192)
-        raw = json.loads(model.get("hf_config") or "{}")
-        cfg = with_class_defaults(raw, str(raw.get("model_type") or model.get("model_type")))[0]
+        cfg = with_own_class_defaults(json.loads(model.get("hf_config") or "{}"))
         experts, top_k = int(cfg.get("num_local_experts") or 0), int(cfg.get("num_experts_per_tok") or 1)
         ffn, hidden = int(cfg.get("intermediate_size") or 0), int(model.get("hidden_size") or 0)
     except (TypeError, ValueError):

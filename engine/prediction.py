@@ -18,8 +18,8 @@ from tp_query.schema.model_config import (
     ArchFamily,
     config_notes,
     family_label,
-    with_class_defaults,
     with_depth_defaults,
+    with_own_class_defaults,
 )
 from tp_query.schema.ops import Operands, step_operands
 from tp_query.schema.precision import SETTINGS, DType, Precision, Setting
@@ -50,11 +50,6 @@ def _megatron_router_note(cfg: dict[str, Any]) -> str:
             f"coefficient {MEGATRON_MOE_AUX_LOSS_COEFF:g}, no input jitter, the all-to-all dispatcher "
             f"({MEGATRON_MOE_ARGS})" + ("; not read from the config: "
                                        + ", ".join(f"{k} {v}" for k, v in unread.items()) if unread else ""))
-
-
-def _with_class(hf: dict[str, Any]) -> dict[str, Any]:
-    """A config with its transformers class's defaults under what it states (window keys included)."""
-    return with_class_defaults(hf, str(hf.get("model_type")))[0]
 
 
 class Assembled(StepSchedule):
@@ -468,7 +463,7 @@ class Assembled(StepSchedule):
             hf = json.loads(m.get("hf_config") or "{}")
             # a window the file leaves to its class is the class's (gpt-oss: 128), as transformers builds it
             out["sliding_window"] = m.get("sliding_window") or (
-                _with_class(hf).get("sliding_window") if "sliding_attention" in types else None)
+                with_own_class_defaults(hf).get("sliding_window") if "sliding_attention" in types else None)
             if "chunked_attention" in types:  # Llama-4: its chunk, as transformers' config gives it
                 out["attention_chunk_size"] = with_depth_defaults(hf).get("attention_chunk_size")
         mlps = m.get("mlp_layer_types") or []
@@ -479,7 +474,7 @@ class Assembled(StepSchedule):
             out["rope_layers"] = {"rope": sum(map(bool, rope)), "none": len(rope) - sum(map(bool, rope))}
         e, k = int(m.get("num_experts") or 0), int(m.get("experts_per_token") or 0)
         if not e and m.get("family") == ArchFamily.TRANSFORMERS.value:  # a type known only to transformers
-            hf = _with_class(json.loads(m.get("hf_config") or "{}"))
+            hf = with_own_class_defaults(json.loads(m.get("hf_config") or "{}"))
             e = int(next((hf[x] for x in ("num_experts", "n_routed_experts", "num_local_experts") if hf.get(x)), 0))
             k = int(next((hf[x] for x in ("num_experts_per_tok", "moe_topk", "top_k") if hf.get(x)), 0))
         if e and k and m.get("model_type") == "llama4_text":

@@ -951,22 +951,30 @@ def with_class_defaults(cfg: dict[str, Any], model_type: str, family: ArchFamily
 
                 raise ConfigError(f"{canon} {shown(cfg[canon])} and {alias} {shown(cfg[alias])} name the same "
                                   f"setting of {model_type} with different values: keep one")
-            if alias in cfg and canon not in cfg:
-                cfg[canon] = cfg[alias]
-            elif canon in cfg and alias not in cfg:
-                cfg[alias] = cfg[canon]
+        _mirror_aliases(cfg, aliases)
     d = table["model_types"].get(model_type, {})
     own = family == ArchFamily.TRANSFORMERS
     taken = {k: v for k, v in d.items() if k not in cfg and not (own and k in _WINDOW_KEYS)}
     if not taken:
         return cfg, {}
     merged = {**cfg, **taken}
-    for alias, canon in aliases.items():  # a default under one name is the setting under the other too (CodeGen's
-        if alias in merged and canon not in merged:  # class field n_embd answers hidden_size)
-            merged[canon] = merged[alias]
-        elif canon in merged and alias not in merged:
-            merged[alias] = merged[canon]
-    return merged, taken
+    _mirror_aliases(merged, aliases)  # a default under one name is the setting under the other too (CodeGen's
+    return merged, taken  # class field n_embd answers hidden_size)
+
+
+def with_own_class_defaults(hf: dict[str, Any]) -> dict[str, Any]:
+    """A transformers config (its `model_type` in it) with its class's defaults under what it states, window keys
+    included: what transformers' own config object reads."""
+    return with_class_defaults(hf, str(hf.get("model_type")))[0]
+
+
+def _mirror_aliases(cfg: dict[str, Any], aliases: dict[str, str]) -> None:
+    """A setting stated under one of its two names, written under the other too (in place)."""
+    for alias, canon in aliases.items():
+        if alias in cfg and canon not in cfg:
+            cfg[canon] = cfg[alias]
+        elif canon in cfg and alias not in cfg:
+            cfg[alias] = cfg[canon]
 
 
 def _unwrapped(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
